@@ -1,0 +1,89 @@
+"""What the array API standard lacks, per array library.
+
+The generic code in :mod:`relattn` is written once against the array API
+standard; it asks this package for the namespace of its inputs and for the few
+things the standard does not define (``stop_gradient``, whether arrays are
+traced under a jit, whether they can be written in place). Each library's code
+sits in its own module and imports that library lazily, so ``import relattn``
+needs NumPy alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+
+from ._base import Backend
+
+__all__ = ["KNOWN_LIBRARIES", "Backend", "backend_for", "namespace_of_module"]
+
+#: The libraries relattn knows by name, as the module a user would pass as ``xp``.
+KNOWN_LIBRARIES = ("numpy", "array_api_strict", "torch", "jax.numpy", "cupy", "dask.array")
+
+
+@functools.cache
+def namespace_of_module(xp: Any) -> ModuleType:
+    """Array-API namespace for a library module or a namespace given as ``xp``.
+
+    ``None`` means NumPy. The library module itself (``numpy``, ``torch``,
+    ``jax.numpy``, ``cupy``, ``dask.array``, ``array_api_strict``) and its
+    array-api-compat namespace both resolve to the namespace whose functions
+    return that library's arrays.
+
+    Raises
+    ------
+    TypeError
+        If ``xp`` is not an array library relattn can use.
+    """
+    if xp is None:
+        import numpy as xp
+    if array_api_compat.is_numpy_namespace(xp):
+        import array_api_compat.numpy as ns
+
+        return ns
+    if array_api_compat.is_torch_namespace(xp):
+        import array_api_compat.torch as ns
+
+        return ns
+    if array_api_compat.is_cupy_namespace(xp):
+        import array_api_compat.cupy as ns
+
+        return ns
+    if array_api_compat.is_dask_namespace(xp):
+        import array_api_compat.dask.array as ns
+
+        return ns
+    if array_api_compat.is_jax_namespace(xp):
+        import jax.numpy as ns
+
+        return ns
+    if isinstance(xp, ModuleType) and hasattr(xp, "__array_namespace_info__"):
+        # array_api_strict and any other namespace that declares compliance.
+        return xp
+    raise TypeError(
+        "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
+        f"array_api_strict) or its array-API namespace, got {xp!r}"
+    )
+
+
+@functools.cache
+def backend_for(xp: ModuleType) -> Backend:
+    """The :class:`Backend` (library-specific operations) for namespace ``xp``."""
+    if array_api_compat.is_torch_namespace(xp):
+        from . import _torch
+
+        return _torch.BACKEND
+    if array_api_compat.is_jax_namespace(xp):
+        from . import _jax
+
+        return _jax.BACKEND
+    if array_api_compat.is_numpy_namespace(xp):
+        return Backend(name="numpy", library="numpy")
+    if array_api_compat.is_cupy_namespace(xp):
+        return Backend(name="cupy", library="cupy")
+    if array_api_compat.is_dask_namespace(xp):
+        return Backend(name="dask", library="dask")
+    return Backend(name=xp.__name__, library=xp.__name__.partition(".")[0])

@@ -1,0 +1,18 @@
+"""JAX: immutable arrays, traced under ``jax.jit``, ``lax.stop_gradient``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import Backend
+
+
+def _stop_gradient(x: Any) -> Any:
+    import jax
+
+    return jax.lax.stop_gradient(x)
+
+
+BACKEND = Backend(
+    name="jax", library="jax", jit_traceable=True, writeable=False, stop_gradient=_stop_gradient
+)

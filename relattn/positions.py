@@ -1,0 +1,203 @@
+"""Relative distances, the relative layout, and relative tables.
+
+Convention (relattn everywhere): query ``i`` sits at key position
+``i + offset`` with ``offset = Lk - Lq``, and the relative distance is
+``δ(i, j) = j - (i + offset)``, key minus query: ``δ < 0`` means the key is in
+the past. The *relative layout* of a ``(Lq, Lk)`` problem enumerates every
+distance once, ascending: column ``m`` holds ``δ = m - (Lk - 1)`` for
+``m = 0 … Lq + Lk - 2`` (the full layout, width ``Lq + Lk - 1``); the causal
+layout keeps ``δ <= 0`` only (width ``Lk``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+from . import _checks
+
+__all__ = ["relative_distances", "relative_positions", "relative_table"]
+
+OUT_OF_RANGE = ("clip", "zero")
+
+
+def relative_width(query_length: int, key_length: int, *, causal: bool = False) -> int:
+    """Width ``W`` of the relative layout: ``Lk`` (causal) or ``Lq + Lk - 1`` (full)."""
+    return key_length if causal else query_length + key_length - 1
+
+
+def relative_distances(
+    query_length: int,
+    key_length: int,
+    *,
+    causal: bool = False,
+    xp: Any = None,
+    device: Any = None,
+) -> Any:
+    """The distance ``δ`` held by each column of the relative layout.
+
+    Parameters
+    ----------
+    query_length, key_length : int
+        ``Lq`` and ``Lk``, both ``>= 1``. With ``Lk > Lq`` the first
+        ``Lk - Lq`` keys are memory preceding the queries.
+    causal : bool, optional
+        Keep only ``δ <= 0`` (the causal layout, width ``Lk``). Default: the
+        full layout, width ``Lq + Lk - 1``.
+    xp : module, optional
+        Array library of the result (default NumPy).
+    device : device, optional
+        Device of the result.
+
+    Returns
+    -------
+    array of shape (W,), default integer dtype
+        ``-(Lk - 1), …, Lq - 1`` (full) or ``-(Lk - 1), …, 0`` (causal),
+        ascending. Unit: token positions, key minus query.
+
+    Raises
+    ------
+    ValueError
+        If a length is below 1.
+    TypeError
+        If a length is not an integer.
+
+    Notes
+    -----
+    The ``2T - 1`` distances of a length-``T`` self-attention (seed note 001,
+    eq. 8); Transformer-XL (Dai et al. 2019, appendix B) encodes ``-δ``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import relative_distances
+    >>> relative_distances(2, 3, xp=xp)
+    Array([-2, -1,  0,  1], dtype=array_api_strict.int64)
+    >>> relative_distances(2, 3, causal=True, xp=xp)
+    Array([-2, -1,  0], dtype=array_api_strict.int64)
+    """
+    xp = _checks.creation_namespace(xp)
+    lq = _checks.length("query_length", query_length)
+    lk = _checks.length("key_length", key_length)
+    stop = 1 if causal else lq
+    return xp.arange(-(lk - 1), stop, device=device)
+
+
+def relative_positions(
+    query_length: int, key_length: int, *, xp: Any = None, device: Any = None
+) -> Any:
+    """Relative distance ``δ(i, j) = j - (i + Lk - Lq)`` of every query–key pair.
+
+    Parameters
+    ----------
+    query_length, key_length : int
+        ``Lq`` and ``Lk``, both ``>= 1``.
+    xp : module, optional
+        Array library of the result (default NumPy).
+    device : device, optional
+        Device of the result.
+
+    Returns
+    -------
+    array of shape (Lq, Lk), default integer dtype
+        Entry ``[i, j]`` is key position minus query position.
+
+    Raises
+    ------
+    ValueError
+        If a length is below 1.
+    TypeError
+        If a length is not an integer.
+
+    Notes
+    -----
+    Shaw et al. 2018, eq. (3)–(4) index relative representations by
+    ``j - i``; relattn aligns the last query with the last key when
+    ``Lk > Lq`` (Transformer-XL memory).
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import relative_positions
+    >>> relative_positions(2, 3, xp=xp)
+    Array([[-1,  0,  1],
+           [-2, -1,  0]], dtype=array_api_strict.int64)
+    """
+    xp = _checks.creation_namespace(xp)
+    lq = _checks.length("query_length", query_length)
+    lk = _checks.length("key_length", key_length)
+    keys = xp.arange(lk, device=device)
+    queries = xp.arange(lk - lq, lk, device=device)
+    return keys[None, :] - queries[:, None]
+
+
+def relative_table(
+    table: Any,
+    query_length: int,
+    key_length: int,
+    *,
+    causal: bool = False,
+    out_of_range: str = "clip",
+) -> Any:
+    """Expand a clipped table of ``2K + 1`` distances to the relative layout.
+
+    Parameters
+    ----------
+    table : array of shape (..., 2K+1, d)
+        Row ``δ + K`` holds the representation of distance ``δ``,
+        ``-K <= δ <= K`` (Shaw et al.'s ``w_{-K} … w_K``). Any dtype.
+    query_length, key_length : int
+        ``Lq`` and ``Lk``, both ``>= 1``.
+    causal : bool, optional
+        Produce the causal layout (width ``Lk``) instead of the full one.
+    out_of_range : {"clip", "zero"}, optional
+        ``"clip"``: distances beyond ``±K`` share the edge row (Shaw et al.
+        2018, eq. (3)–(4); seed note 001, eq. 17). ``"zero"``: they get a zero
+        row (Music Transformer's relative embeddings, Huang et al. 2018).
+
+    Returns
+    -------
+    array of shape (..., W, d), dtype of ``table``
+        Row ``m`` is the representation of ``δ = m - (Lk - 1)``.
+
+    Raises
+    ------
+    ValueError
+        If the table has fewer than 2 dimensions or an even number of rows, a
+        length is below 1, or ``out_of_range`` is unknown.
+    TypeError
+        If ``table`` is not an array or a length is not an integer.
+
+    Notes
+    -----
+    ``O(W·d)``: one gather of ``W`` rows, never one per ``(i, j)`` pair. Shift
+    scores computed against it with :func:`relattn.rel_shift`.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import relative_table
+    >>> table = xp.reshape(xp.arange(1.0, 4.0), (3, 1))   # rows for δ = -1, 0, 1
+    >>> relative_table(table, 2, 3)[:, 0]                  # δ = -2 … 1
+    Array([1., 1., 2., 3.], dtype=array_api_strict.float64)
+    >>> relative_table(table, 2, 3, out_of_range="zero")[:, 0]
+    Array([0., 1., 2., 3.], dtype=array_api_strict.float64)
+    """
+    xp = _checks.namespace(table=table)
+    _checks.ndim("table", table, 2, "(..., 2K+1, d)")
+    _checks.choice("out_of_range", out_of_range, OUT_OF_RANGE)
+    rows = table.shape[-2]
+    if rows % 2 == 0:
+        raise ValueError(
+            f"table must have an odd number 2K+1 of rows (distances -K … K), got {rows}"
+        )
+    radius = rows // 2
+    device = array_api_compat.device(table)
+    delta = relative_distances(query_length, key_length, causal=causal, xp=xp, device=device)
+    index = xp.clip(delta, -radius, radius) + radius
+    expanded = xp.take(table, index, axis=table.ndim - 2)
+    if out_of_range == "zero":
+        inside = xp.abs(delta) <= radius
+        expanded = xp.where(inside[:, None], expanded, xp.zeros_like(expanded))
+    return expanded

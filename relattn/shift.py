@@ -1,0 +1,146 @@
+"""The shifted relative-score algorithm (Transformer-XL, appendix B).
+
+Scores against a relative table come out in the relative layout
+``(..., Lq, W)``, row ``i`` holding every distance; attention needs them per key,
+``(..., Lq, Lk)``. Row ``i`` of the result is row ``i`` of the input moved left
+by ``Lq - 1 - i`` columns. Both directions are done with pad, reshape and slice
+(a flat view with row stride ``W - 1``), never with a gather, so the cost is one
+``O(Lq·W)`` copy at most.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_extra as xpx
+
+from . import _checks
+
+__all__ = ["rel_shift", "rel_unshift"]
+
+
+def _pad_last(x: Any, before: int, after: int, xp: Any) -> Any:
+    if before == 0 and after == 0:
+        return x
+    return xpx.pad(x, [(0, 0)] * (x.ndim - 1) + [(before, after)], xp=xp)
+
+
+def shift(x: Any, key_length: int, xp: Any) -> Any:
+    """:func:`rel_shift` without argument checks; ``x.shape[-1]`` is ``Lk`` or ``Lq + Lk - 1``."""
+    *batch, lq, width = x.shape
+    full = lq + key_length - 1
+    # Causal layout: the missing columns δ = 1 … Lq - 1 are zeros.
+    x = _pad_last(x, 0, full - width, xp)
+    if lq == 1:
+        return x
+    # Element [i, j - i + Lq - 1] sits at flat index i·(W - 1) + j + Lq - 1.
+    flat = xp.reshape(x, (*batch, lq * full))
+    flat = flat[..., lq - 1 : lq - 1 + lq * (full - 1)]
+    return xp.reshape(flat, (*batch, lq, full - 1))[..., :key_length]
+
+
+def unshift(x: Any, xp: Any) -> Any:
+    """:func:`rel_unshift` without argument checks."""
+    *batch, lq, lk = x.shape
+    if lq == 1:
+        return x
+    full = lq + lk - 1
+    # Inverse of ``shift``: lay rows out with stride W - 1, then read them with stride W.
+    flat = xp.reshape(_pad_last(x, 0, full - 1 - lk, xp), (*batch, lq * (full - 1)))
+    flat = _pad_last(flat, lq - 1, 1, xp)
+    return xp.reshape(flat, (*batch, lq, full))
+
+
+def rel_shift(x: Any, key_length: int) -> Any:
+    """Move scores from the relative layout to one column per key.
+
+    Parameters
+    ----------
+    x : array of shape (..., Lq, W)
+        Scores in the relative layout: column ``m`` belongs to distance
+        ``δ = m - (Lk - 1)``. ``W = Lq + Lk - 1`` (full layout) or ``W = Lk``
+        (causal layout, ``δ <= 0`` only). Any dtype.
+    key_length : int
+        ``Lk >= 1``, the number of keys (memory included).
+
+    Returns
+    -------
+    array of shape (..., Lq, Lk), dtype of ``x``
+        ``out[..., i, j] = x[..., i, j - i + Lq - 1]``; zero where that column
+        is absent (``δ > 0`` in the causal layout). A view of ``x`` where the
+        library allows it.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` has fewer than 2 dimensions or ``W`` fits neither layout.
+    TypeError
+        If ``x`` is not an array or ``key_length`` is not an integer.
+
+    Notes
+    -----
+    Dai et al. 2019, appendix B; seed note 001, eq. (12):
+    ``M_r[i] = M̂_r[i, T-1-i : 2T-1-i]``. With row stride ``W - 1`` the
+    element wanted for ``(i, j)`` sits at flat offset ``Lq - 1 + i·(W-1) + j``,
+    so a reshape and two slices replace a gather.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import rel_shift, relative_distances
+    >>> x = xp.stack([relative_distances(2, 3, xp=xp)] * 2)   # each cell holds its δ
+    >>> rel_shift(x, 3)
+    Array([[-1,  0,  1],
+           [-2, -1,  0]], dtype=array_api_strict.int64)
+    """
+    xp = _checks.namespace(x=x)
+    _checks.ndim("x", x, 2, "(..., Lq, W)")
+    lk = _checks.length("key_length", key_length)
+    lq, width = x.shape[-2:]
+    if width not in (lq + lk - 1, lk):
+        raise ValueError(
+            f"x must have width W = Lq + Lk - 1 = {lq + lk - 1} (full layout) or "
+            f"Lk = {lk} (causal layout) for Lq = {lq}, Lk = {lk}, got W = {width}"
+        )
+    return shift(x, lk, xp)
+
+
+def rel_unshift(x: Any) -> Any:
+    """Move per-key values back to the relative layout (inverse of :func:`rel_shift`).
+
+    Parameters
+    ----------
+    x : array of shape (..., Lq, Lk)
+        One column per key, e.g. attention weights. Any dtype.
+
+    Returns
+    -------
+    array of shape (..., Lq, Lq + Lk - 1), dtype of ``x``
+        ``out[..., i, j - i + Lq - 1] = x[..., i, j]``: column ``m`` belongs
+        to distance ``δ = m - (Lk - 1)``; columns no key of row ``i`` reaches
+        are zero.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` has fewer than 2 dimensions.
+    TypeError
+        If ``x`` is not an array.
+
+    Notes
+    -----
+    Lets a relative *value* table act without an ``(Lq, Lk, d)`` tensor:
+    ``Σ_j α_ij a^V_ij = rel_unshift(α) @ T_V`` (Shaw et al. 2018, eq. (3)).
+    ``rel_shift(rel_unshift(x), Lk) == x``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import rel_unshift
+    >>> rel_unshift(xp.asarray([[1, 2], [3, 4]]))
+    Array([[0, 1, 2],
+           [3, 4, 0]], dtype=array_api_strict.int64)
+    """
+    xp = _checks.namespace(x=x)
+    _checks.ndim("x", x, 2, "(..., Lq, Lk)")
+    return unshift(x, xp)

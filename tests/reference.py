@@ -1,0 +1,137 @@
+"""Naive NumPy float64 references, written straight from the papers' formulas.
+
+Each loops over every (i, j) pair or gathers per pair, the way the equations
+read; none shares code with relattn. Leading (batch, head) dimensions are
+broadcast and looped over.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def sinusoid(positions, d_model, base=10000.0, layout="interleaved"):
+    """Vaswani et al. 2017, sec. 3.5: PE(p, 2k) = sin(p / base^(2k/d)), PE(p, 2k+1) = cos(...)."""
+    positions = np.asarray(positions, dtype=np.float64)
+    out = np.zeros((positions.shape[0], d_model))
+    half = d_model // 2
+    for row, p in enumerate(positions):
+        for k in range(half):
+            angle = float(p) / base ** (2 * k / d_model)
+            if layout == "interleaved":
+                out[row, 2 * k] = math.sin(angle)
+                out[row, 2 * k + 1] = math.cos(angle)
+            else:
+                out[row, k] = math.sin(angle)
+                out[row, half + k] = math.cos(angle)
+    return out
+
+
+def delta(i, j, lq, lk):
+    """Relative distance, key minus query, with the queries aligned to the last keys."""
+    return j - (i + lk - lq)
+
+
+def rel_shift(x, lk):
+    """out[..., i, j] = x[..., i, j - i + Lq - 1], 0 where that column does not exist."""
+    x = np.asarray(x)
+    lq, width = x.shape[-2:]
+    out = np.zeros((*x.shape[:-2], lq, lk), dtype=x.dtype)
+    for i in range(lq):
+        for j in range(lk):
+            col = delta(i, j, lq, lk) + lk - 1
+            if 0 <= col < width:
+                out[..., i, j] = x[..., i, col]
+    return out
+
+
+def rel_unshift(x):
+    """out[..., i, j - i + Lq - 1] = x[..., i, j], zeros elsewhere."""
+    x = np.asarray(x)
+    lq, lk = x.shape[-2:]
+    out = np.zeros((*x.shape[:-2], lq, lq + lk - 1), dtype=x.dtype)
+    for i in range(lq):
+        for j in range(lk):
+            out[..., i, delta(i, j, lq, lk) + lk - 1] = x[..., i, j]
+    return out
+
+
+def _broadcast_lead(*arrays):
+    lead = np.broadcast_shapes(*(a.shape[:-2] for a in arrays if a is not None))
+    return lead, [
+        None if a is None else np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in arrays
+    ]
+
+
+def softmax_row(scores, allowed):
+    """Softmax of one row over the allowed entries; all zeros when none is allowed."""
+    out = np.zeros_like(scores, dtype=np.float64)
+    if not np.any(allowed):
+        return out
+    kept = scores[allowed]
+    e = np.exp(kept - kept.max())
+    out[allowed] = e / e.sum()
+    return out
+
+
+def masked_softmax(scores, mask=None):
+    scores = np.asarray(scores, dtype=np.float64)
+    allowed = np.ones(scores.shape, bool) if mask is None else np.broadcast_to(mask, scores.shape)
+    out = np.zeros_like(scores)
+    for idx in np.ndindex(scores.shape[:-1]):
+        out[idx] = softmax_row(scores[idx], allowed[idx])
+    return out
+
+
+def attention(q, k, v, mask=None, bias=None, scale=None):
+    """Vaswani et al. 2017 eq. (1), one query at a time: e_ij = q_i·k_j·scale + b_ij."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    lead, (q, k, v) = _broadcast_lead(q, k, v)
+    mask = np.ones((lq, lk), bool) if mask is None else np.asarray(mask)
+    mask = np.broadcast_to(mask, (*lead, lq, lk))
+    bias = np.zeros((lq, lk)) if bias is None else np.asarray(bias, dtype=np.float64)
+    bias = np.broadcast_to(bias, (*lead, lq, lk))
+    out = np.zeros((*lead, lq, v.shape[-1]))
+    for b in np.ndindex(lead):
+        for i in range(lq):
+            e = np.array([q[b][i] @ k[b][j] * scale + bias[b][i, j] for j in range(lk)])
+            w = softmax_row(e, mask[b][i])
+            out[b][i] = sum(w[j] * v[b][j] for j in range(lk))
+    return out
+
+
+def relative_attention(q, k, v, table, u=None, vb=None, mask=None, scale=None):
+    """Dai et al. 2019 sec. 3.3: A_ij = (q_i + u)·k_j + (q_i + v)·r(δ_ij), per pair.
+
+    ``table`` row m encodes δ = m - (Lk - 1); with W = Lk (causal layout) pairs
+    with δ > 0 have no row and are masked.
+    """
+    q, k, v, table = (np.asarray(a, dtype=np.float64) for a in (q, k, v, table))
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    width = table.shape[-2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    u = np.zeros(d) if u is None else np.asarray(u, dtype=np.float64)
+    vb = np.zeros(d) if vb is None else np.asarray(vb, dtype=np.float64)
+    lead, (q, k, v, table) = _broadcast_lead(q, k, v, table)
+    u = np.broadcast_to(u, (*lead, lq, d))
+    vb = np.broadcast_to(vb, (*lead, lq, d))
+    mask = np.ones((lq, lk), bool) if mask is None else np.asarray(mask)
+    mask = np.broadcast_to(mask, (*lead, lq, lk))
+    out = np.zeros((*lead, lq, v.shape[-1]))
+    for b in np.ndindex(lead):
+        for i in range(lq):
+            e = np.zeros(lk)
+            allowed = mask[b][i].copy()
+            for j in range(lk):
+                m = delta(i, j, lq, lk) + lk - 1
+                if m >= width:
+                    allowed[j] = False
+                    continue
+                e[j] = ((q[b][i] + u[b][i]) @ k[b][j] + (q[b][i] + vb[b][i]) @ table[b][m]) * scale
+            w = softmax_row(e, allowed)
+            out[b][i] = sum(w[j] * v[b][j] for j in range(lk))
+    return out
