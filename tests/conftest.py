@@ -134,7 +134,12 @@ class Backend:
 
     def dtype(self, name: str) -> Any:
         """The library's dtype called ``name``; skips the test if it has none."""
-        if name == "bfloat16" and self.module in ("numpy", "array_api_strict", "cupy", "dask.array"):
+        if name == "bfloat16" and self.module in (
+            "numpy",
+            "array_api_strict",
+            "cupy",
+            "dask.array",
+        ):
             pytest.skip(f"{self.name} has no bfloat16")
         if name == "float16" and self.module == "array_api_strict":
             pytest.skip("array_api_strict has no float16")

@@ -60,9 +60,7 @@ def rel_unshift(x):
 
 def _broadcast_lead(*arrays):
     lead = np.broadcast_shapes(*(a.shape[:-2] for a in arrays if a is not None))
-    return lead, [
-        None if a is None else np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in arrays
-    ]
+    return lead, [None if a is None else np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in arrays]
 
 
 def softmax_row(scores, allowed):

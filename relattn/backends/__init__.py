@@ -11,6 +11,7 @@ needs NumPy alone.
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +23,16 @@ __all__ = ["KNOWN_LIBRARIES", "Backend", "backend_for", "namespace_of_module"]
 
 #: The libraries relattn knows by name, as the module a user would pass as ``xp``.
 KNOWN_LIBRARIES = ("numpy", "array_api_strict", "torch", "jax.numpy", "cupy", "dask.array")
+
+
+# Library -> the array-API namespace whose functions return that library's arrays.
+_NAMESPACES = (
+    (array_api_compat.is_numpy_namespace, "array_api_compat.numpy"),
+    (array_api_compat.is_torch_namespace, "array_api_compat.torch"),
+    (array_api_compat.is_cupy_namespace, "array_api_compat.cupy"),
+    (array_api_compat.is_dask_namespace, "array_api_compat.dask.array"),
+    (array_api_compat.is_jax_namespace, "jax.numpy"),
+)
 
 
 @functools.cache
@@ -40,26 +51,9 @@ def namespace_of_module(xp: Any) -> ModuleType:
     """
     if xp is None:
         import numpy as xp
-    if array_api_compat.is_numpy_namespace(xp):
-        import array_api_compat.numpy as ns
-
-        return ns
-    if array_api_compat.is_torch_namespace(xp):
-        import array_api_compat.torch as ns
-
-        return ns
-    if array_api_compat.is_cupy_namespace(xp):
-        import array_api_compat.cupy as ns
-
-        return ns
-    if array_api_compat.is_dask_namespace(xp):
-        import array_api_compat.dask.array as ns
-
-        return ns
-    if array_api_compat.is_jax_namespace(xp):
-        import jax.numpy as ns
-
-        return ns
+    for is_library, namespace in _NAMESPACES:
+        if is_library(xp):
+            return importlib.import_module(namespace)
     if isinstance(xp, ModuleType) and hasattr(xp, "__array_namespace_info__"):
         # array_api_strict and any other namespace that declares compliance.
         return xp
@@ -83,7 +77,11 @@ def backend_for(xp: ModuleType) -> Backend:
     if array_api_compat.is_numpy_namespace(xp):
         return Backend(name="numpy", library="numpy")
     if array_api_compat.is_cupy_namespace(xp):
-        return Backend(name="cupy", library="cupy")
+        from . import _cupy
+
+        return _cupy.BACKEND
     if array_api_compat.is_dask_namespace(xp):
-        return Backend(name="dask", library="dask")
+        from . import _dask
+
+        return _dask.BACKEND
     return Backend(name=xp.__name__, library=xp.__name__.partition(".")[0])

@@ -11,6 +11,13 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _host_copy(x: Any) -> Any:
+    import numpy as np
+
+    # DLPack reaches NumPy from any CPU array-API library, strict ones included.
+    return np.asarray(x) if isinstance(x, np.ndarray) else np.from_dlpack(x)
+
+
 @dataclass(frozen=True)
 class Backend:
     """Library-specific capabilities and operations.
@@ -29,6 +36,14 @@ class Backend:
     stop_gradient : callable
         ``x -> x`` cut from the autograd graph (identity where the library has
         no autograd).
+    to_host : callable
+        ``x -> numpy.ndarray``: a host copy, waiting for the device or graph.
+    materialize : callable
+        ``x -> x`` computed now (Dask ``persist``), so that a cache such as a
+        segment memory does not drag its whole history along.
+    jit : callable
+        ``fn -> fn`` compiled by the library's tracing jit (``jax.jit``), or
+        ``fn`` itself.
     """
 
     name: str
@@ -36,3 +51,6 @@ class Backend:
     jit_traceable: bool = False
     writeable: bool = True
     stop_gradient: Callable[[Any], Any] = _identity
+    to_host: Callable[[Any], Any] = _host_copy
+    materialize: Callable[[Any], Any] = _identity
+    jit: Callable[[Any], Any] = _identity

@@ -13,6 +13,24 @@ def _stop_gradient(x: Any) -> Any:
     return jax.lax.stop_gradient(x)
 
 
+def _to_host(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x)
+
+
+def _jit(fn: Any) -> Any:
+    import jax
+
+    return jax.jit(fn)
+
+
 BACKEND = Backend(
-    name="jax", library="jax", jit_traceable=True, writeable=False, stop_gradient=_stop_gradient
+    name="jax",
+    library="jax",
+    jit_traceable=True,
+    writeable=False,
+    stop_gradient=_stop_gradient,
+    to_host=_to_host,
+    jit=_jit,
 )

@@ -11,4 +11,17 @@ def _stop_gradient(x: Any) -> Any:
     return x.detach()
 
 
-BACKEND = Backend(name="torch", library="torch", jit_traceable=True, stop_gradient=_stop_gradient)
+def _to_host(x: Any) -> Any:
+    import torch
+
+    x = x.detach().cpu()
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
+BACKEND = Backend(
+    name="torch",
+    library="torch",
+    jit_traceable=True,
+    stop_gradient=_stop_gradient,
+    to_host=_to_host,
+)
