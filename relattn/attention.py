@@ -26,15 +26,19 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     """:func:`masked_softmax` without argument checks."""
     device = array_api_compat.device(scores)
     zero = xp.zeros((), dtype=scores.dtype, device=device)
-    if mask is not None:
+    if mask is None:
+        peak = xp.max(scores, axis=axis, keepdims=True)
+    else:
         lowest = xp.full((), xp.finfo(scores.dtype).min, dtype=scores.dtype, device=device)
-        scores = xp.where(mask, scores, lowest)
-    peak = xp.max(scores, axis=axis, keepdims=True)
+        peak = xp.max(xp.where(mask, scores, lowest), axis=axis, keepdims=True)
     # A row of -inf scores (a -inf bias) would give inf - inf; shift it by 0 instead.
     peak = xp.where(xp.isfinite(peak), peak, zero)
-    weights = xp.exp(scores - peak)
-    if mask is not None:
-        weights = xp.where(mask, weights, zero)
+    if mask is None:
+        weights = xp.exp(scores - peak)
+    else:
+        # Masked entries become the peak before subtracting: ``lowest - peak`` would
+        # overflow in float16, and a large masked score would overflow ``exp``.
+        weights = xp.where(mask, xp.exp(xp.where(mask, scores, peak) - peak), zero)
     total = xp.sum(weights, axis=axis, keepdims=True)
     # A fully masked row sums to 0: divide by 1 so it stays 0, never 0/0.
     return weights / xp.where(total > 0, total, xp.ones_like(total))

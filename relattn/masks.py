@@ -13,6 +13,7 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from .backends import backend_for
 from .positions import relative_positions
 
 __all__ = [
@@ -290,7 +291,7 @@ def padding_mask(lengths: Any, max_length: int) -> Any:
         raise ValueError(f"lengths must have shape (B,), got shape {tuple(lengths.shape)}")
     if not xp.isdtype(lengths.dtype, "integral"):
         raise TypeError(f"lengths must have an integer dtype, got {lengths.dtype}")
-    if not array_api_compat.is_lazy_array(lengths) and lengths.shape[0] > 0:
+    if backend_for(xp).has_values(lengths) and lengths.shape[0] > 0:
         smallest = int(xp.min(lengths))
         if smallest < 0:
             raise ValueError(f"lengths must be >= 0, got a length of {smallest}")

@@ -25,6 +25,11 @@ __all__ = ["KNOWN_LIBRARIES", "Backend", "backend_for", "namespace_of_module"]
 KNOWN_LIBRARIES = ("numpy", "array_api_strict", "torch", "jax.numpy", "cupy", "dask.array")
 
 
+_XP_EXPECTED = (
+    "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
+    "array_api_strict) or its array-API namespace"
+)
+
 # Library -> the array-API namespace whose functions return that library's arrays.
 _NAMESPACES = (
     (array_api_compat.is_numpy_namespace, "array_api_compat.numpy"),
@@ -35,7 +40,6 @@ _NAMESPACES = (
 )
 
 
-@functools.cache
 def namespace_of_module(xp: Any) -> ModuleType:
     """Array-API namespace for a library module or a namespace given as ``xp``.
 
@@ -51,16 +55,20 @@ def namespace_of_module(xp: Any) -> ModuleType:
     """
     if xp is None:
         import numpy as xp
+    if not isinstance(xp, ModuleType):
+        raise TypeError(f"{_XP_EXPECTED}, got {xp!r}")
+    return _namespace_of_module(xp)
+
+
+@functools.cache
+def _namespace_of_module(xp: ModuleType) -> ModuleType:
     for is_library, namespace in _NAMESPACES:
         if is_library(xp):
             return importlib.import_module(namespace)
-    if isinstance(xp, ModuleType) and hasattr(xp, "__array_namespace_info__"):
+    if hasattr(xp, "__array_namespace_info__"):
         # array_api_strict and any other namespace that declares compliance.
         return xp
-    raise TypeError(
-        "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
-        f"array_api_strict) or its array-API namespace, got {xp!r}"
-    )
+    raise TypeError(f"{_XP_EXPECTED}, got the module {xp.__name__}")
 
 
 @functools.cache

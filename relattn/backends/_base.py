@@ -11,6 +11,14 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _always(x: Any) -> bool:
+    return True
+
+
+def _never(x: Any) -> bool:
+    return False
+
+
 def _host_copy(x: Any) -> Any:
     import numpy as np
 
@@ -36,6 +44,9 @@ class Backend:
     stop_gradient : callable
         ``x -> x`` cut from the autograd graph (identity where the library has
         no autograd).
+    has_values : callable
+        ``x -> bool``: the values of ``x`` can be read now (False for JAX
+        tracers under a jit and for Dask graphs), so checks may look at them.
     to_host : callable
         ``x -> numpy.ndarray``: a host copy, waiting for the device or graph.
     materialize : callable
@@ -51,6 +62,7 @@ class Backend:
     jit_traceable: bool = False
     writeable: bool = True
     stop_gradient: Callable[[Any], Any] = _identity
+    has_values: Callable[[Any], bool] = _always
     to_host: Callable[[Any], Any] = _host_copy
     materialize: Callable[[Any], Any] = _identity
     jit: Callable[[Any], Any] = _identity

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import Backend
+from ._base import Backend, _never
 
 
 def _to_host(x: Any) -> Any:
@@ -17,4 +17,6 @@ def _persist(x: Any) -> Any:
     return x.persist()
 
 
-BACKEND = Backend(name="dask", library="dask", to_host=_to_host, materialize=_persist)
+BACKEND = Backend(
+    name="dask", library="dask", to_host=_to_host, has_values=_never, materialize=_persist
+)

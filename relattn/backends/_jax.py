@@ -13,6 +13,12 @@ def _stop_gradient(x: Any) -> Any:
     return jax.lax.stop_gradient(x)
 
 
+def _has_values(x: Any) -> bool:
+    import jax
+
+    return not isinstance(x, jax.core.Tracer)
+
+
 def _to_host(x: Any) -> Any:
     import numpy as np
 
@@ -31,6 +37,7 @@ BACKEND = Backend(
     jit_traceable=True,
     writeable=False,
     stop_gradient=_stop_gradient,
+    has_values=_has_values,
     to_host=_to_host,
     jit=_jit,
 )

@@ -1,0 +1,666 @@
+"""Transforms and invariants of every public compute function.
+
+- ``jax.jit`` of every function in ``relattn.__all__`` equals the eager result;
+- ``torch.autograd.gradcheck`` and ``jax.grad`` (against central differences)
+  through attention, softmax and the shift, fully masked rows included;
+- fully masked rows are exactly 0 and never NaN, in every dtype a backend has;
+- inputs are never written to, and torch inputs keep their autograd graph;
+- results are arrays of the caller's library, on the caller's device, for
+  ``xp`` given as the library module or as its array-api-compat namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import array_api_compat
+import numpy as np
+import pytest
+import reference as ref
+
+import relattn
+
+# --------------------------------------------------------------------------------------------
+# The table of cases: one or more per public name.
+#
+# ``inputs(rng)`` builds the array arguments in NumPy (floating ones are cast to the test dtype,
+# boolean and integer ones keep their dtype); ``call(backend, dtype, *arrays)`` calls relattn with
+# every static argument (lengths, ``xp``, ``device`` ...) closed over, so that ``jax.jit`` sees the
+# arrays alone.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    inputs: Callable[[np.random.Generator], tuple[np.ndarray, ...]]
+    call: Callable[..., Any]
+    #: The result carries the autograd graph of the floating inputs (False: cut by design).
+    differentiable: bool = True
+
+
+def _none(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return ()
+
+
+def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.normal(size=shape)
+
+
+def _mask(lq: int, lk: int, empty_row: int, rng: np.random.Generator) -> np.ndarray:
+    """A random boolean (lq, lk) mask with row ``empty_row`` fully masked, others non-empty."""
+    mask = rng.random((lq, lk)) < 0.6
+    mask[:, 0] = True
+    mask[empty_row] = False
+    return mask
+
+
+#: Creation functions: ``f(xp, device, dtype)``, ``dtype`` the library's floating dtype.
+CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "sinusoidal_position_encoding[count]": lambda xp, dev, dt: relattn.sinusoidal_position_encoding(
+        5, 6, dtype=dt, device=dev, xp=xp
+    ),
+    "relative_distances": lambda xp, dev, dt: relattn.relative_distances(3, 5, xp=xp, device=dev),
+    "relative_distances[causal]": lambda xp, dev, dt: relattn.relative_distances(
+        4, 3, causal=True, xp=xp, device=dev
+    ),
+    "relative_positions": lambda xp, dev, dt: relattn.relative_positions(3, 5, xp=xp, device=dev),
+    "causal_mask": lambda xp, dev, dt: relattn.causal_mask(4, 3, xp=xp, device=dev),
+    "forward_mask": lambda xp, dev, dt: relattn.forward_mask(4, xp=xp, device=dev),
+    "backward_mask": lambda xp, dev, dt: relattn.backward_mask(4, xp=xp, device=dev),
+    "diagonal_disabled_mask": lambda xp, dev, dt: relattn.diagonal_disabled_mask(
+        4, xp=xp, device=dev
+    ),
+    "local_window_mask": lambda xp, dev, dt: relattn.local_window_mask(3, 5, 1, xp=xp, device=dev),
+}
+
+
+def _creation_case(make: Callable[[Any, Any, Any], Any]) -> Case:
+    return Case(_none, lambda b, dt: make(b.lib, b.device, b.dtype(dt)), differentiable=False)
+
+
+CASES: dict[str, Case] = {name: _creation_case(make) for name, make in CREATION.items()}
+CASES.update(
+    {
+        "sinusoidal_position_encoding[array]": Case(
+            lambda r: (np.array([-3.0, -1.5, 0.0, 2.0, 7.0]),),
+            lambda b, dt, p: relattn.sinusoidal_position_encoding(p, 6, layout="concatenated"),
+        ),
+        "padding_mask": Case(
+            lambda r: (np.array([0, 2, 5]),),
+            lambda b, dt, lengths: relattn.padding_mask(lengths, 4),
+            differentiable=False,
+        ),
+        "mask_to_bias": Case(
+            lambda r: (_mask(3, 4, 1, r),),
+            lambda b, dt, m: relattn.mask_to_bias(m, dtype=b.dtype(dt)),
+            differentiable=False,
+        ),
+        "masked_softmax": Case(
+            lambda r: (_normal(r, 2, 3, 4), _mask(3, 4, 1, r)),
+            lambda b, dt, s, m: relattn.masked_softmax(s, m),
+        ),
+        "masked_softmax[axis]": Case(
+            lambda r: (_normal(r, 2, 3, 4),),
+            lambda b, dt, s: relattn.masked_softmax(s, axis=-2),
+        ),
+        "scaled_dot_product_attention": Case(
+            lambda r: (
+                _normal(r, 2, 3, 4),
+                _normal(r, 2, 5, 4),
+                _normal(r, 2, 5, 3),
+                _mask(3, 5, 2, r),
+                _normal(r, 3, 5),
+            ),
+            lambda b, dt, q, k, v, m, bias: relattn.scaled_dot_product_attention(
+                q, k, v, mask=m, bias=bias
+            ),
+        ),
+        "relative_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 6, 4), _normal(r, 4)),
+            lambda b, dt, q, t, bias: relattn.relative_scores(q, t, 4, bias=bias),
+        ),
+        "relative_table": Case(
+            lambda r: (_normal(r, 5, 4),),
+            lambda b, dt, t: relattn.relative_table(t, 3, 4),
+        ),
+        "relative_table[zero,causal]": Case(
+            lambda r: (_normal(r, 2, 3, 4),),
+            lambda b, dt, t: relattn.relative_table(t, 3, 5, causal=True, out_of_range="zero"),
+        ),
+        "rel_shift": Case(
+            lambda r: (_normal(r, 2, 3, 6),),
+            lambda b, dt, x: relattn.rel_shift(x, 4),
+        ),
+        "rel_shift[causal]": Case(
+            lambda r: (_normal(r, 2, 3, 4),),
+            lambda b, dt, x: relattn.rel_shift(x, 4),
+        ),
+        "rel_unshift": Case(
+            lambda r: (_normal(r, 2, 3, 4),),
+            lambda b, dt, x: relattn.rel_unshift(x),
+        ),
+        "relative_attention[causal]": Case(
+            lambda r: (
+                _normal(r, 2, 3, 4),
+                _normal(r, 2, 5, 4),
+                _normal(r, 2, 5, 3),
+                _normal(r, 5, 4),
+                _normal(r, 4),
+                _normal(r, 2, 1, 4),
+                _mask(3, 5, 0, r),
+            ),
+            lambda b, dt, q, k, v, t, u, pb, m: relattn.relative_attention(
+                q, k, v, t, content_bias=u, position_bias=pb, mask=m
+            ),
+        ),
+        "relative_attention[full]": Case(
+            lambda r: (
+                _normal(r, 2, 3, 4),
+                _normal(r, 2, 4, 4),
+                _normal(r, 2, 4, 3),
+                _normal(r, 2, 6, 4),
+                _normal(r, 2, 1, 4),
+                _normal(r, 4),
+                _mask(3, 4, 1, r),
+            ),
+            lambda b, dt, q, k, v, t, u, pb, m: relattn.relative_attention(
+                q, k, v, t, content_bias=u, position_bias=pb, mask=m, scale=1.0
+            ),
+        ),
+        "split_heads": Case(
+            lambda r: (_normal(r, 2, 3, 8),),
+            lambda b, dt, x: relattn.split_heads(x, 2),
+        ),
+        "merge_heads": Case(
+            lambda r: (_normal(r, 2, 2, 3, 4),),
+            lambda b, dt, x: relattn.merge_heads(x),
+        ),
+        "update_memory": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 2, 2, 4)),
+            lambda b, dt, m, h: relattn.update_memory(m, h, 4),
+            differentiable=False,
+        ),
+        "update_memory[first]": Case(
+            lambda r: (_normal(r, 2, 3, 4),),
+            lambda b, dt, h: relattn.update_memory(None, h, 2),
+            differentiable=False,
+        ),
+        "stop_gradient": Case(
+            lambda r: (_normal(r, 3, 4),),
+            lambda b, dt, x: relattn.stop_gradient(x),
+            differentiable=False,
+        ),
+    }
+)
+
+ARRAY_CASES = sorted(name for name, case in CASES.items() if case.inputs is not _none)
+
+
+def _convert(backend: Any, a: np.ndarray, dtype: str) -> Any:
+    """NumPy input to the backend: floating arrays in ``dtype``, others as they are."""
+    return backend.asarray(a, dtype if a.dtype.kind == "f" else None)
+
+
+def _arrays(backend: Any, case: Case, dtype: str, rng: np.random.Generator) -> list[Any]:
+    return [_convert(backend, a, dtype) for a in case.inputs(rng)]
+
+
+def _rounded(backend: Any, a: np.ndarray, dtype: str) -> tuple[Any, np.ndarray]:
+    """``a`` on the backend in ``dtype``, and the float64 values it actually holds."""
+    x = backend.asarray(a, dtype)
+    return x, np.asarray(backend.to_numpy(x), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# jax.jit
+# --------------------------------------------------------------------------------------------
+
+
+def test_jit_table_covers_every_public_function():
+    covered = {name.partition("[")[0] for name in CASES}
+    assert set(relattn.__all__) - covered == set(), "public functions missing from CASES"
+    assert covered - set(relattn.__all__) == set(), "CASES names a function relattn lacks"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_jit_equals_eager(backend, dtype, name, rng):
+    case = CASES[name]
+
+    def fn(*arrays):
+        return case.call(backend, dtype, *arrays)
+
+    jitted = backend.jit(fn)
+    arrays = _arrays(backend, case, dtype, rng)
+    eager = fn(*arrays)
+    compiled = jitted(*arrays)
+    assert backend.array_module_of(compiled)
+    assert compiled.shape == eager.shape
+    assert compiled.dtype == eager.dtype
+    got, want = backend.to_numpy(compiled), backend.to_numpy(eager)
+    if np.issubdtype(want.dtype, np.floating):
+        tol = {"float32": 1e-5, "float64": 1e-12}[dtype]
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_jit_padding_mask_skips_value_check(backend):
+    """Under a trace the lengths cannot be read: a negative one gives an empty row, no error."""
+    jitted = backend.jit(lambda lengths: relattn.padding_mask(lengths, 4))
+    out = jitted(backend.asarray(np.array([2, -1, 6])))
+    expected = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
+    np.testing.assert_array_equal(backend.to_numpy(out), expected)
+
+
+def test_jit_of_grad_equals_grad(backend, dtype, rng):
+    if not backend.is_jax:
+        pytest.skip(f"{backend.name}: jax.grad under jax.jit only")
+    import jax
+    import jax.numpy as jnp
+
+    case = CASES["relative_attention[causal]"]
+    q, k, v, t, u, pb, m = _arrays(backend, case, dtype, rng)
+
+    def loss(q, k, v, t):
+        out = relattn.relative_attention(q, k, v, t, content_bias=u, position_bias=pb, mask=m)
+        return jnp.sum(out**2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+    tol = {"float32": 1e-5, "float64": 1e-12}[dtype]
+    for eager, compiled in zip(grad(q, k, v, t), jax.jit(grad)(q, k, v, t), strict=True):
+        np.testing.assert_allclose(np.asarray(compiled), np.asarray(eager), rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.autograd.gradcheck (float64)
+# --------------------------------------------------------------------------------------------
+
+
+def _torch_leaves(torch: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
+    return tuple(torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays)
+
+
+@pytest.mark.parametrize(
+    ("lq", "lk", "width"),
+    [(3, 4, 4), (3, 4, 6), (5, 3, 3), (1, 3, 3), (4, 2, 5)],
+    ids=["causal", "full", "causal-lq>lk", "causal-lq1", "full-lq>lk"],
+)
+def test_gradcheck_relative_attention(lq, lk, width, rng):
+    torch = pytest.importorskip("torch")
+    d = 4
+    mask = _mask(lq, lk, lq - 1, rng) if lq > 1 else np.ones((lq, lk), bool)
+    leaves = _torch_leaves(
+        torch,
+        _normal(rng, 2, lq, d),
+        _normal(rng, 2, lk, d),
+        _normal(rng, 2, lk, 3),
+        _normal(rng, width, d),
+        _normal(rng, d),
+        _normal(rng, 2, 1, d),
+    )
+    mask_t = torch.tensor(mask)
+
+    def f(q, k, v, table, u, pb):
+        return relattn.relative_attention(
+            q, k, v, table, content_bias=u, position_bias=pb, mask=mask_t
+        )
+
+    out = f(*leaves)
+    if lq > 1:
+        assert torch.all(out[:, lq - 1] == 0)
+    assert torch.autograd.gradcheck(f, leaves)
+
+
+def test_gradcheck_masked_softmax(rng):
+    torch = pytest.importorskip("torch")
+    (scores,) = _torch_leaves(torch, _normal(rng, 2, 3, 4))
+    mask = torch.tensor(_mask(3, 4, 1, rng))
+    assert torch.autograd.gradcheck(lambda s: relattn.masked_softmax(s, mask), (scores,))
+    assert torch.autograd.gradcheck(lambda s: relattn.masked_softmax(s, axis=-2), (scores,))
+
+
+def test_gradcheck_scaled_dot_product_attention(rng):
+    torch = pytest.importorskip("torch")
+    leaves = _torch_leaves(
+        torch,
+        _normal(rng, 2, 3, 4),
+        _normal(rng, 2, 5, 4),
+        _normal(rng, 2, 5, 3),
+        _normal(rng, 3, 5),
+    )
+    mask = torch.tensor(_mask(3, 5, 0, rng))
+
+    def f(q, k, v, bias):
+        return relattn.scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=0.7)
+
+    assert torch.autograd.gradcheck(f, leaves)
+
+
+@pytest.mark.parametrize(("lq", "lk", "width"), [(3, 4, 6), (3, 4, 4), (1, 3, 3), (4, 2, 5)])
+def test_gradcheck_rel_shift_and_unshift(lq, lk, width, rng):
+    torch = pytest.importorskip("torch")
+    (x,) = _torch_leaves(torch, _normal(rng, 2, lq, width))
+    (y,) = _torch_leaves(torch, _normal(rng, 2, lq, lk))
+    assert torch.autograd.gradcheck(lambda a: relattn.rel_shift(a, lk), (x,))
+    assert torch.autograd.gradcheck(relattn.rel_unshift, (y,))
+
+
+# --------------------------------------------------------------------------------------------
+# jax.grad against central differences (float64)
+# --------------------------------------------------------------------------------------------
+
+
+def _jax64() -> tuple[Any, Any]:
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    if not jax.config.read("jax_enable_x64"):
+        pytest.skip("jax runs without float64 (JAX_ENABLE_X64 unset)")
+    return jax, jnp
+
+
+def _relative_attention_params(rng, lq, lk, width, d=4):
+    return {
+        "q": _normal(rng, 2, lq, d),
+        "k": _normal(rng, 2, lk, d),
+        "v": _normal(rng, 2, lk, 3),
+        "table": _normal(rng, width, d),
+        "u": _normal(rng, d),
+        "pb": _normal(rng, 2, 1, d),
+    }
+
+
+def _relative_attention_of(params, mask):
+    return relattn.relative_attention(
+        params["q"],
+        params["k"],
+        params["v"],
+        params["table"],
+        content_bias=params["u"],
+        position_bias=params["pb"],
+        mask=mask,
+    )
+
+
+@pytest.mark.parametrize(
+    ("lq", "lk", "width"), [(3, 4, 4), (3, 4, 6), (5, 3, 3)], ids=["causal", "full", "lq>lk"]
+)
+def test_jax_grad_matches_central_differences(lq, lk, width, rng):
+    jax, jnp = _jax64()
+    params = {n: jnp.asarray(a) for n, a in _relative_attention_params(rng, lq, lk, width).items()}
+    mask = jnp.asarray(_mask(lq, lk, 1, rng))
+    weights = jnp.asarray(_normal(rng, 2, lq, 3))
+
+    @jax.jit  # one compilation instead of op-by-op dispatch: the eager grad is checked below
+    def loss(p):
+        return jnp.sum(_relative_attention_of(p, mask) * weights)
+
+    grad = jax.jit(jax.grad(loss))(params)
+    h = 1e-5
+    for _ in range(4):
+        direction = {n: jnp.asarray(rng.normal(size=a.shape)) for n, a in params.items()}
+        plus = {n: params[n] + h * direction[n] for n in params}
+        minus = {n: params[n] - h * direction[n] for n in params}
+        numeric = float((loss(plus) - loss(minus)) / (2 * h))
+        analytic = float(sum(jnp.vdot(grad[n], direction[n]) for n in params))
+        assert abs(numeric - analytic) <= 1e-7 * max(1.0, abs(analytic)), (numeric, analytic)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize(("lq", "lk", "width"), [(3, 4, 6), (5, 3, 3)], ids=["masked", "lq>lk"])
+def test_jax_grad_of_fully_masked_row_is_finite(precision, lq, lk, width, rng):
+    jax, jnp = _jax64()
+    params = {
+        n: jnp.asarray(a, dtype=precision)
+        for n, a in _relative_attention_params(rng, lq, lk, width).items()
+    }
+    # Row 1 masked by hand; with Lq > Lk in the causal layout rows 0, 1 have no key at all.
+    mask = jnp.asarray(_mask(lq, lk, 1, rng))
+    out = _relative_attention_of(params, mask)
+    assert bool(jnp.all(out[:, 1] == 0))
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(_relative_attention_of(p, mask) ** 2)))(params)
+    for name, g in grad.items():
+        assert bool(jnp.all(jnp.isfinite(g))), name
+    assert bool(jnp.all(grad["q"][:, 1] == 0))
+
+    scores = jnp.asarray(_normal(rng, 2, 3, 4), dtype=precision)
+    smask = jnp.asarray(_mask(3, 4, 2, rng))
+    g = jax.jit(jax.grad(lambda s: jnp.sum(relattn.masked_softmax(s, smask) ** 2)))(scores)
+    assert bool(jnp.all(jnp.isfinite(g)))
+    assert bool(jnp.all(g[:, 2] == 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Fully masked rows: exactly 0, never NaN, in every dtype the backend has
+# --------------------------------------------------------------------------------------------
+
+ALL_FLOATS = ["float16", "bfloat16", "float32", "float64"]
+
+
+def _check_rows(backend, out, expected, empty_rows, fdtype):
+    got = np.asarray(backend.to_numpy(out), dtype=np.float64)
+    assert not np.isnan(got).any()
+    assert np.isfinite(got).all()
+    for row in empty_rows:
+        assert np.all(got[..., row, :] == 0), f"row {row} is not exactly 0"
+    backend.assert_close(out, expected, fdtype)
+
+
+@pytest.mark.parametrize("fdtype", ALL_FLOATS)
+def test_masked_softmax_fully_masked_row(backend, fdtype, rng):
+    dt = backend.dtype(fdtype)
+    scores, scores_np = _rounded(backend, _normal(rng, 2, 3, 4), fdtype)
+    mask_np = _mask(3, 4, 1, rng)
+    out = relattn.masked_softmax(scores, backend.asarray(mask_np))
+    assert out.dtype == dt
+    _check_rows(backend, out, ref.masked_softmax(scores_np, mask_np), [1], fdtype)
+
+
+@pytest.mark.parametrize("fdtype", ALL_FLOATS)
+def test_masked_softmax_large_scores(backend, fdtype):
+    """Scores of ±1e4 (representable in float16) with a mask: no overflow to NaN."""
+    scores_np = np.array(
+        [
+            [1e4, -1e4, 0.0, 1e4],
+            [-1e4, -1e4, 5.0, 1e4],
+            [1e4, 1e4, -1e4, -1e4],
+            [-1e4, 3.0, 1e4, 2.0],
+        ]
+    )
+    mask_np = np.array(
+        [
+            [True, True, False, False],
+            [True, True, True, False],
+            [False] * 4,
+            [True, True, False, True],
+        ]
+    )
+    dt = backend.dtype(fdtype)
+    scores, scores_np = _rounded(backend, scores_np, fdtype)
+    out = relattn.masked_softmax(scores, backend.asarray(mask_np))
+    assert out.dtype == dt
+    _check_rows(backend, out, ref.masked_softmax(scores_np, mask_np), [2], fdtype)
+    unmasked = relattn.masked_softmax(scores)
+    _check_rows(backend, unmasked, ref.masked_softmax(scores_np), [], fdtype)
+
+
+@pytest.mark.parametrize("fdtype", ALL_FLOATS)
+def test_scaled_dot_product_attention_empty_rows(backend, fdtype, rng):
+    dt = backend.dtype(fdtype)
+    q, q_np = _rounded(backend, 0.5 * _normal(rng, 2, 4, 4), fdtype)
+    k, k_np = _rounded(backend, 0.5 * _normal(rng, 2, 5, 4), fdtype)
+    v, v_np = _rounded(backend, _normal(rng, 2, 5, 3), fdtype)
+    mask_np = _mask(4, 5, 0, rng)
+    # Row 2: a -inf bias on every key; row 3: -inf on some keys and ±1e4 on others.
+    bias_np = np.zeros((4, 5))
+    bias_np[2] = -np.inf
+    bias_np[3] = [-np.inf, 1e4, -1e4, -np.inf, 0.0]
+    bias, bias_np = _rounded(backend, bias_np, fdtype)
+    out = relattn.scaled_dot_product_attention(q, k, v, mask=backend.asarray(mask_np), bias=bias)
+    assert out.dtype == dt
+    finite = np.isfinite(bias_np)
+    expected = ref.attention(
+        q_np, k_np, v_np, mask=mask_np & finite, bias=np.where(finite, bias_np, 0.0)
+    )
+    _check_rows(backend, out, expected, [0, 2], fdtype)
+
+    # Without a mask, the -inf bias alone empties row 2.
+    out = relattn.scaled_dot_product_attention(q, k, v, bias=bias)
+    expected = ref.attention(q_np, k_np, v_np, mask=finite, bias=np.where(finite, bias_np, 0.0))
+    _check_rows(backend, out, expected, [2], fdtype)
+
+
+@pytest.mark.parametrize("fdtype", ALL_FLOATS)
+def test_mask_to_bias_stays_finite(backend, fdtype, rng):
+    """Two mask biases add without overflow; rows with an allowed key match the masked result."""
+    dt = backend.dtype(fdtype)
+    q, q_np = _rounded(backend, 0.5 * _normal(rng, 4, 4), fdtype)
+    k, k_np = _rounded(backend, 0.5 * _normal(rng, 5, 4), fdtype)
+    v, v_np = _rounded(backend, _normal(rng, 5, 3), fdtype)
+    m1, m2 = _mask(4, 5, 0, rng), _mask(4, 5, 1, rng)
+    bias = relattn.mask_to_bias(backend.asarray(m1), dtype=dt) + relattn.mask_to_bias(
+        backend.asarray(m2), dtype=dt
+    )
+    assert bias.dtype == dt
+    assert np.isfinite(np.asarray(backend.to_numpy(bias), dtype=np.float64)).all()
+    out = relattn.scaled_dot_product_attention(q, k, v, bias=bias)
+    got = np.asarray(backend.to_numpy(out), dtype=np.float64)
+    # Rows 0 and 1 have no allowed key: finite (not zero: a bias is not a mask).
+    assert np.isfinite(got).all()
+    expected = ref.attention(q_np, k_np, v_np, mask=m1 & m2)
+    backend.assert_close(out[2:, :], expected[2:], fdtype)
+
+
+@pytest.mark.parametrize("fdtype", ALL_FLOATS)
+@pytest.mark.parametrize(
+    ("lq", "lk", "width", "empty"),
+    [(5, 3, 3, [0, 1, 3]), (3, 4, 6, [1]), (3, 5, 5, [1])],
+    ids=["causal-lq>lk", "full", "causal-memory"],
+)
+def test_relative_attention_empty_rows(backend, fdtype, lq, lk, width, empty, rng):
+    dt = backend.dtype(fdtype)
+    d = 4
+    named = {}
+    for name, shape, s in [
+        ("q", (2, lq, d), 0.5),
+        ("k", (2, lk, d), 0.5),
+        ("v", (2, lk, 3), 1.0),
+        ("table", (width, d), 0.5),
+        ("u", (d,), 0.5),
+        ("pb", (2, 1, d), 0.5),
+    ]:
+        named[name] = _rounded(backend, s * _normal(rng, *shape), fdtype)
+    mask_np = _mask(lq, lk, empty[-1], rng)
+    out = relattn.relative_attention(
+        named["q"][0],
+        named["k"][0],
+        named["v"][0],
+        named["table"][0],
+        content_bias=named["u"][0],
+        position_bias=named["pb"][0],
+        mask=backend.asarray(mask_np),
+    )
+    assert out.dtype == dt
+    expected = ref.relative_attention(
+        *(named[n][1] for n in ("q", "k", "v", "table", "u", "pb")), mask=mask_np
+    )
+    _check_rows(backend, out, expected, empty, fdtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs are never mutated; torch inputs keep their graph
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ARRAY_CASES)
+def test_inputs_not_mutated(backend, dtype, name, rng):
+    case = CASES[name]
+    arrays = _arrays(backend, case, dtype, rng)
+    before = [backend.to_numpy(a).copy() for a in arrays]
+    out = case.call(backend, dtype, *arrays)
+    backend.to_numpy(out)  # force lazy (dask) results
+    for i, (a, kept) in enumerate(zip(arrays, before, strict=True)):
+        np.testing.assert_array_equal(backend.to_numpy(a), kept, err_msg=f"argument {i} changed")
+
+
+@pytest.mark.parametrize("name", ARRAY_CASES)
+def test_torch_inputs_keep_their_graph(backend, name, rng):
+    if not backend.is_torch:
+        pytest.skip("torch autograd only")
+    torch = backend.lib
+    case = CASES[name]
+    arrays = _arrays(backend, case, "float64", rng)
+    leaves = []
+    for a in arrays:
+        if a.is_floating_point():
+            a.requires_grad_(True)
+            leaves.append(a)
+    out = case.call(backend, "float64", *arrays)
+    if not leaves:
+        assert not out.requires_grad
+        return
+    if not case.differentiable:
+        assert not out.requires_grad, "stop-gradient result still carries a graph"
+        return
+    assert out.requires_grad, "result lost the autograd graph of its inputs"
+    weights = torch.as_tensor(rng.normal(size=tuple(out.shape)), device=out.device)
+    (out * weights).sum().backward()
+    for i, leaf in enumerate(leaves):
+        assert leaf.grad is not None, f"no gradient reached floating input {i}"
+        assert torch.all(torch.isfinite(leaf.grad))
+
+
+def test_torch_update_memory_cuts_the_graph_of_both_inputs(rng):
+    torch = pytest.importorskip("torch")
+    memory, hidden = _torch_leaves(torch, _normal(rng, 2, 4), _normal(rng, 3, 4))
+    out = relattn.update_memory(memory, hidden, 3)
+    assert not out.requires_grad
+    np.testing.assert_array_equal(out.numpy(), hidden.detach().numpy())
+    # hidden itself still carries its graph: only the new memory is cut.
+    assert hidden.requires_grad
+
+
+# --------------------------------------------------------------------------------------------
+# The caller's library, the caller's device
+# --------------------------------------------------------------------------------------------
+
+
+def _compat_namespace(backend: Any) -> Any:
+    return array_api_compat.array_namespace(backend.asarray(np.zeros(1)))
+
+
+@pytest.mark.parametrize("form", ["module", "compat"])
+@pytest.mark.parametrize("name", sorted(CREATION))
+def test_creation_returns_callers_library(backend, form, name):
+    xp = backend.lib if form == "module" else _compat_namespace(backend)
+    dt = backend.dtype("float32")
+    out = CREATION[name](xp, backend.device, dt)
+    assert backend.array_module_of(out), f"{name}(xp={xp.__name__}) returned {type(out)}"
+    if backend.device is not None:
+        assert array_api_compat.device(out) == backend.device
+    info = backend.xp.__array_namespace_info__()
+    if name.startswith("sinusoidal"):
+        assert out.dtype == dt
+    elif name.startswith("relative_"):
+        assert out.dtype == info.default_dtypes(device=backend.device)["integral"]
+    else:
+        assert out.dtype == backend.xp.bool
+
+
+@pytest.mark.parametrize("name", sorted(CREATION))
+def test_creation_default_is_numpy(name):
+    out = CREATION[name](None, None, None)
+    assert isinstance(out, np.ndarray)
+
+
+@pytest.mark.parametrize("name", ARRAY_CASES)
+def test_results_in_callers_library_and_device(backend, dtype, name, rng):
+    case = CASES[name]
+    arrays = _arrays(backend, case, dtype, rng)
+    out = case.call(backend, dtype, *arrays)
+    assert backend.array_module_of(out), f"{name} returned {type(out)}"
+    assert array_api_compat.device(out) == array_api_compat.device(arrays[0])
+    if any(backend.xp.isdtype(a.dtype, "real floating") for a in arrays):
+        assert out.dtype == backend.dtype(dtype)
