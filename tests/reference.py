@@ -133,3 +133,32 @@ def relative_attention(q, k, v, table, u=None, vb=None, mask=None, scale=None):
             w = softmax_row(e, allowed)
             out[b][i] = sum(w[j] * v[b][j] for j in range(lk))
     return out
+
+
+def layer_norm(x, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps)
+
+
+def transformer_xl(params, tokens, *, heads, clamp_len):
+    """Transformer-XL layers over the whole sequence at once, attention per pair.
+
+    ``params``: ``embedding`` and per layer ``w_q, w_k, w_v, w_r, w_o`` (d, d),
+    ``u, v`` (H, d_head), feed-forward ``w_1, b_1, w_2, b_2``; post-norm layers.
+    """
+    h = params["embedding"][tokens]
+    n, d = h.shape
+    dh = d // heads
+    # Causal layout: row m encodes i - j = (n - 1) - m, clamped.
+    r_table = sinusoid(np.minimum(np.arange(n - 1, -1, -1), clamp_len), d, layout="concatenated")
+    for p in params["layers"]:
+        per_head = []
+        for head in range(heads):
+            cols = slice(head * dh, (head + 1) * dh)
+            q, k, v = ((h @ p[w])[:, cols] for w in ("w_q", "w_k", "w_v"))
+            r = (r_table @ p["w_r"])[:, cols]
+            per_head.append(relative_attention(q, k, v, r, p["u"][head], p["v"][head]))
+        h = layer_norm(h + np.concatenate(per_head, axis=-1) @ p["w_o"])
+        h = layer_norm(h + np.maximum(h @ p["w_1"] + p["b_1"], 0) @ p["w_2"] + p["b_2"])
+    return h

@@ -1,9 +1,10 @@
 """SPEC §4 recipe 3: Transformer-XL, two layers, three segments, memory.
 
 The segment-by-segment run (relattn calls with ``update_memory``) is checked
-against a whole-sequence run of an independent NumPy float64 model whose
-attention is the per-pair loop of ``reference.relative_attention``, under the
-causal mask. With a memory that covers all history the two must agree.
+against ``reference.transformer_xl``, a whole-sequence run of an independent
+NumPy float64 model whose attention is the per-pair loop of
+``reference.relative_attention``, under the causal mask. With a memory that
+covers all history the two must agree.
 """
 
 from __future__ import annotations
@@ -18,45 +19,17 @@ import relattn
 from relattn.demo import Config, TransformerXLEncoder, init_weights
 
 
-def _layer_norm(x, eps=1e-5):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps)
-
-
-def _sinusoid_concatenated(distances, d):
-    return reference.sinusoid(distances, d, layout="concatenated")
-
-
-def whole_sequence_reference(weights, tokens, config):
-    """The encoder on the whole sequence at once, attention by per-pair loops."""
-    d, heads = config.d_model, config.heads
-    dh = d // heads
-    h = weights["embedding"][tokens]
-    n = len(tokens)
-    # Causal layout: row m encodes i - j = (n - 1) - m, clamped.
-    r_table = _sinusoid_concatenated(np.minimum(np.arange(n - 1, -1, -1), config.clamp_len), d)
-    for p in weights["layers"]:
-        per_head = []
-        for head in range(heads):
-            cols = slice(head * dh, (head + 1) * dh)
-            q = (h @ p["w_q"])[:, cols]
-            k = (h @ p["w_k"])[:, cols]
-            v = (h @ p["w_v"])[:, cols]
-            r = (r_table @ p["w_r"])[:, cols]
-            per_head.append(reference.relative_attention(q, k, v, r, p["u"][head], p["v"][head]))
-        h = _layer_norm(h + np.concatenate(per_head, axis=-1) @ p["w_o"])
-        hidden = np.maximum(h @ p["w_1"] + p["b_1"], 0)
-        h = _layer_norm(h + hidden @ p["w_2"] + p["b_2"])
-    return h
-
-
 @pytest.fixture(scope="module")
 def problem():
     config = Config(segment=5, memory=10, d_model=8, heads=2, layers=2, clamp_len=7, seed=3)
     tokens = np.random.default_rng(0).integers(0, 256, size=15)  # three segments
     weights = init_weights(config)
-    return config, tokens, weights, whole_sequence_reference(weights, tokens, config)
+    return (
+        config,
+        tokens,
+        weights,
+        reference.transformer_xl(weights, tokens, heads=config.heads, clamp_len=config.clamp_len),
+    )
 
 
 def _segmented(backend, dtype, config, tokens, weights):
