@@ -8,8 +8,11 @@ caller's dtype. See ``README.md`` for the conventions: relative distance
 """
 
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
+from .complex_order import complex_attention, complex_linear, complex_order_embedding
+from .disan import multi_dimensional_attention, source2token_attention
 from .encodings import sinusoidal_position_encoding
 from .heads import merge_heads, split_heads
+from .local import local_p_weights, predicted_positions
 from .masks import (
     backward_mask,
     causal_mask,
@@ -21,21 +24,41 @@ from .masks import (
 )
 from .memory import stop_gradient, update_memory
 from .positions import relative_distances, relative_positions, relative_table
-from .scores import relative_scores
+from .scores import (
+    additive_scores,
+    bilinear_scores,
+    cosine_scores,
+    dot_product_scores,
+    location_scores,
+    relative_scores,
+    scaled_dot_product_scores,
+)
+from .shaw import shaw_attention
 from .shift import rel_shift, rel_unshift
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "additive_scores",
     "backward_mask",
+    "bilinear_scores",
     "causal_mask",
+    "complex_attention",
+    "complex_linear",
+    "complex_order_embedding",
+    "cosine_scores",
     "diagonal_disabled_mask",
+    "dot_product_scores",
     "forward_mask",
+    "local_p_weights",
     "local_window_mask",
+    "location_scores",
     "mask_to_bias",
     "masked_softmax",
     "merge_heads",
+    "multi_dimensional_attention",
     "padding_mask",
+    "predicted_positions",
     "rel_shift",
     "rel_unshift",
     "relative_attention",
@@ -44,7 +67,10 @@ __all__ = [
     "relative_scores",
     "relative_table",
     "scaled_dot_product_attention",
+    "scaled_dot_product_scores",
+    "shaw_attention",
     "sinusoidal_position_encoding",
+    "source2token_attention",
     "split_heads",
     "stop_gradient",
     "update_memory",

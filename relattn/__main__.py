@@ -10,7 +10,7 @@ import warnings
 
 from . import __version__
 from .backends import namespace_of_module
-from .demo import BACKENDS, Config, available, demo, read_text
+from .demo import BACKENDS, SCHEMES, Config, available, demo, read_text
 
 
 def info() -> int:
@@ -45,10 +45,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=[*BACKENDS, "all"],
         help="array library to run on; 'all' runs every installed one (default: numpy)",
     )
+    run.add_argument(
+        "--scheme",
+        default="all",
+        choices=[*SCHEMES, "all"],
+        help="position scheme: " + "; ".join(f"{n}: {c.description}" for n, c in SCHEMES.items()),
+    )
     run.add_argument("--text", help="UTF-8 text file (default: the Zen of Python)")
     run.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     defaults = Config()
-    for field in ("segment", "memory", "d_model", "heads", "layers", "clamp_len", "seed"):
+    for field in ("segment", "memory", "d_model", "heads", "layers", "clamp_len", "radius", "seed"):
         run.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     commands.add_parser("info", help="array libraries found, with versions and devices")
     args = parser.parse_args(argv)
@@ -65,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         heads=args.heads,
         layers=args.layers,
         clamp_len=args.clamp_len,
+        radius=args.radius,
         seed=args.seed,
     )
     text, name = read_text(args.text)
     if not text:
         parser.error(f"--text {args.text} is empty")
-    ok = demo(names, text, name, config, args.dtype)
+    schemes = list(SCHEMES) if args.scheme == "all" else [args.scheme]
+    ok = demo(names, text, name, config, args.dtype, schemes)
     print("\nall checks passed" if ok else "\nSOME CHECKS FAILED", file=sys.stdout)
     return 0 if ok else 1
 

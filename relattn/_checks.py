@@ -108,6 +108,14 @@ def broadcast(**shapes: tuple[int, ...]) -> tuple[int, ...]:
         raise ValueError(f"leading (batch, head) dimensions do not broadcast: {found}") from None
 
 
+def exact_shape(name: str, x: Any, expected: tuple[int, ...], layout: str) -> None:
+    """``x`` has exactly ``expected`` shape, described as ``layout`` in the message."""
+    if tuple(x.shape) != expected:
+        raise ValueError(
+            f"{name} must have shape {layout} = {expected}, got shape {tuple(x.shape)}"
+        )
+
+
 def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")

@@ -92,7 +92,7 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
     return softmax(scores, mask, axis, xp)
 
 
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
+def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
     _checks.ndim("q", q, 2, "(..., Lq, d)")
     _checks.ndim("k", k, 2, "(..., Lk, d)")
     _checks.ndim("v", v, 2, "(..., Lk, d_v)")
@@ -159,7 +159,7 @@ def scaled_dot_product_attention(
     """
     xp = _checks.namespace(q=q, k=k, v=v, mask=mask, bias=bias)
     dtype = _checks.floating(xp, q=q, k=k, v=v, bias=bias)
-    lq, lk, d = _check_qkv(q, k, v)
+    lq, lk, d = check_qkv(q, k, v)
     lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
     scores_shape = (*lead, lq, lk)
     check_mask(mask, scores_shape, xp)
@@ -262,7 +262,7 @@ def relative_attention(
         xp, q=q, k=k, v=v, position_table=position_table,
         content_bias=content_bias, position_bias=position_bias,
     )  # fmt: skip
-    lq, lk, d = _check_qkv(q, k, v)
+    lq, lk, d = check_qkv(q, k, v)
     width = check_table("position_table", position_table, lq, lk, d)
     lead = _checks.broadcast(
         q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2], position_table=position_table.shape[:-2]

@@ -5,7 +5,8 @@ Scores against a relative table come out in the relative layout
 ``(..., Lq, Lk)``. Row ``i`` of the result is row ``i`` of the input moved left
 by ``Lq - 1 - i`` columns. Both directions are done with pad, reshape and slice
 (a flat view with row stride ``W - 1``), never with a gather, so the cost is one
-``O(Lq·W)`` copy at most.
+``O(Lq·W)`` copy at most (none for ``rel_shift`` of a contiguous full-layout
+array where the library returns views).
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def unshift(x: Any, xp: Any) -> Any:
     if lq == 1:
         return x
     full = lq + lk - 1
-    # Inverse of ``shift``: lay rows out with stride W - 1, then read them with stride W.
-    flat = xp.reshape(_pad_last(x, 0, full - 1 - lk, xp), (*batch, lq * (full - 1)))
-    flat = _pad_last(flat, lq - 1, 1, xp)
-    return xp.reshape(flat, (*batch, lq, full))
+    # Inverse of ``shift`` with a single padded copy: with one zero row above and
+    # below and rows widened to W - 1, x[i, j] sits at flat (i + 1)·(W - 1) + j,
+    # which is Lk - 1 + i·W + (j - i + Lq - 1): read rows of stride W from there.
+    padded = xpx.pad(x, [(0, 0)] * len(batch) + [(1, 1), (0, lq - 2)], xp=xp)
+    flat = xp.reshape(padded, (*batch, (lq + 2) * (full - 1)))
+    return xp.reshape(flat[..., lk - 1 : lk - 1 + lq * full], (*batch, lq, full))
 
 
 def rel_shift(x: Any, key_length: int) -> Any:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from relattn.__main__ import main
-from relattn.demo import TOLERANCES, Config, byte_tokens, demo, exceeds, zen_of_python
+from relattn.demo import SCHEMES, TOLERANCES, Config, byte_tokens, demo, exceeds, zen_of_python
 
 
 def test_zen_of_python_is_the_default_text():
@@ -20,20 +21,28 @@ def test_zen_of_python_is_the_default_text():
 def test_demo_numpy_passes_and_prints_table(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "numpy" in out and "ok" in out and "all checks passed" in out
-    assert "FAIL" not in out
+    assert "all checks passed" in out and "FAIL" not in out
+    for scheme in SCHEMES:
+        assert re.search(rf"^{scheme} +numpy .* ok$", out, flags=re.M), scheme
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_demo_each_scheme_alone(scheme, capsys):
+    code = main(["demo", "--scheme", scheme, "--segment", "16", "--memory", "16", "--d-model", "8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert len(re.findall(r" ok$", out, flags=re.M)) == 1
 
 
 def test_demo_every_installed_backend_small(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("relative attention, written once. " * 6, encoding="utf-8")
-    code = main(
-        ["demo", "--backend", "all", "--text", str(text), "--segment", "16", "--memory", "16"]
-    )
+    small = ["--segment", "16", "--memory", "16", "--d-model", "16"]
+    code = main(["demo", "--backend", "all", "--text", str(text), *small])
     out = capsys.readouterr().out
     assert code == 0, out
     for name in ("numpy", "array_api_strict"):
-        assert f"\n{name}" in out
+        assert re.search(rf"^xl +{name} ", out, flags=re.M), name
 
 
 def test_demo_fails_loudly_when_a_check_fails(monkeypatch, capsys):

@@ -16,14 +16,14 @@ import pytest
 import reference
 
 import relattn
-from relattn.demo import Config, TransformerXLEncoder, init_weights
+from relattn.demo import Config, TransformerXLEncoder
 
 
 @pytest.fixture(scope="module")
 def problem():
     config = Config(segment=5, memory=10, d_model=8, heads=2, layers=2, clamp_len=7, seed=3)
     tokens = np.random.default_rng(0).integers(0, 256, size=15)  # three segments
-    weights = init_weights(config)
+    weights = TransformerXLEncoder.init_weights(config)
     return (
         config,
         tokens,
@@ -32,10 +32,8 @@ def problem():
     )
 
 
-def _segmented(backend, dtype, config, tokens, weights):
-    encoder = TransformerXLEncoder(
-        weights, config, backend.xp, backend.dtype(dtype), backend.device
-    )
+def _segmented(backend, dtype, config, tokens):
+    encoder = TransformerXLEncoder(config, backend.xp, backend.dtype(dtype), backend.device)
     memories = [None] * config.layers
     outputs = []
     for start in range(0, len(tokens), config.segment):
@@ -47,26 +45,24 @@ def _segmented(backend, dtype, config, tokens, weights):
 
 
 def test_segments_with_full_memory_equal_whole_sequence(backend, dtype, problem):
-    config, tokens, weights, expected = problem
-    got = _segmented(backend, dtype, config, tokens, weights)
+    config, tokens, _, expected = problem
+    got = _segmented(backend, dtype, config, tokens)
     backend.assert_close(got, expected, dtype)
 
 
 def test_whole_sequence_relattn_equals_reference(backend, dtype, problem):
-    config, tokens, weights, expected = problem
-    encoder = TransformerXLEncoder(
-        weights, config, backend.xp, backend.dtype(dtype), backend.device
-    )
+    config, tokens, _, expected = problem
+    encoder = TransformerXLEncoder(config, backend.xp, backend.dtype(dtype), backend.device)
     out, _ = encoder.step(encoder.embed(tokens), [None] * config.layers)
     backend.assert_close(out, expected, dtype)
 
 
 def test_short_memory_differs_from_whole_sequence(problem):
     """A memory shorter than the history loses context: the test above can fail."""
-    config, tokens, weights, expected = problem
+    config, tokens, _, expected = problem
     short = Config(**{**config.__dict__, "memory": 2})
     xp = relattn.backends.namespace_of_module(None)
-    encoder = TransformerXLEncoder(weights, short, xp, xp.float64)
+    encoder = TransformerXLEncoder(short, xp, xp.float64)
     memories = [None] * short.layers
     outputs = []
     for start in range(0, len(tokens), short.segment):
@@ -80,9 +76,8 @@ def test_short_memory_differs_from_whole_sequence(problem):
 def test_memory_is_cut_from_gradients_torch():
     torch = pytest.importorskip("torch")
     config = Config(segment=4, memory=4, d_model=8, heads=2, layers=1)
-    weights = init_weights(config)
     xp = relattn.backends.namespace_of_module(torch)
-    encoder = TransformerXLEncoder(weights, config, xp, torch.float64)
+    encoder = TransformerXLEncoder(config, xp, torch.float64)
     tokens = np.arange(8)
     h1 = encoder.embed(tokens[:4]).requires_grad_(True)
     _, memories = encoder.step(h1, [None])

@@ -56,6 +56,27 @@ def _mask(lq: int, lk: int, empty_row: int, rng: np.random.Generator) -> np.ndar
     return mask
 
 
+def _order_inputs(rng: np.random.Generator, length: int, d: int) -> tuple[np.ndarray, ...]:
+    """Amplitude, frequency, phase ``(length, d)`` and positions ``(length,)``."""
+    return (
+        rng.uniform(0.5, 1.5, size=(length, d)),
+        rng.normal(scale=0.5, size=(length, d)),
+        rng.uniform(-3, 3, size=(length, d)),
+        np.arange(length, dtype=np.float64),
+    )
+
+
+def _parts(backend: Any, z: Any) -> Any:
+    """Real and imaginary parts side by side: a real result the table's checks can use."""
+    xp = backend.xp
+    return xp.concat((xp.real(z), xp.imag(z)), axis=-1)
+
+
+def _complex_attention(order: tuple[Any, ...], mask: Any, **variant: Any) -> Any:
+    x = relattn.complex_order_embedding(*order)  # (5, d) complex: keys and values
+    return relattn.complex_attention(x[:3, :], x, x, mask=mask, **variant)
+
+
 #: Creation functions: ``f(xp, device, dtype)``, ``dtype`` the library's floating dtype.
 CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
     "sinusoidal_position_encoding[count]": lambda xp, dev, dt: relattn.sinusoidal_position_encoding(
@@ -191,6 +212,102 @@ CASES.update(
             lambda r: (_normal(r, 3, 4),),
             lambda b, dt, x: relattn.stop_gradient(x),
             differentiable=False,
+        ),
+        "shaw_attention": Case(
+            lambda r: (
+                _normal(r, 2, 3, 4),
+                _normal(r, 2, 5, 4),
+                _normal(r, 2, 5, 3),
+                _normal(r, 5, 4),
+                _normal(r, 3, 3),
+                _mask(3, 5, 1, r),
+            ),
+            lambda b, dt, q, k, v, tk, tv, m: relattn.shaw_attention(q, k, v, tk, tv, mask=m),
+        ),
+        "complex_order_embedding": Case(
+            lambda r: _order_inputs(r, 3, 4),
+            lambda b, dt, *a: _parts(b, relattn.complex_order_embedding(*a)),
+        ),
+        "complex_linear": Case(
+            lambda r: (*_order_inputs(r, 3, 4), *_order_inputs(r, 4, 2)),
+            lambda b, dt, *a: _parts(
+                b,
+                relattn.complex_linear(
+                    relattn.complex_order_embedding(*a[:4]),
+                    relattn.complex_order_embedding(*a[4:]),
+                ),
+            ),
+        ),
+        "complex_attention": Case(
+            lambda r: (*_order_inputs(r, 5, 4), _mask(3, 5, 2, r)),
+            lambda b, dt, *a: _parts(b, _complex_attention(a[:4], a[4])),
+        ),
+        "complex_attention[modulus]": Case(
+            lambda r: _order_inputs(r, 5, 4),
+            lambda b, dt, *a: _parts(
+                b, _complex_attention(a, None, conjugate=False, reduction="modulus")
+            ),
+        ),
+        "multi_dimensional_attention": Case(
+            lambda r: (
+                _normal(r, 2, 4, 3),
+                *(_normal(r, 3, 3), _normal(r, 3, 3), _normal(r, 3)),
+                *(_normal(r, 3, 3), _normal(r, 3, 3), _normal(r, 3)),
+            ),
+            lambda b, dt, h, w1, w2, b1, ws, wh, bf: relattn.multi_dimensional_attention(
+                h, w1, w2, b1, direction="forward", fusion=(ws, wh, bf), chunk_size=2
+            ),
+        ),
+        "source2token_attention": Case(
+            lambda r: (
+                _normal(r, 2, 4, 3),
+                *(_normal(r, 3, 3), _normal(r, 3), _normal(r, 3, 3), _normal(r, 3)),
+                np.array([True, True, False, True]),
+            ),
+            lambda b, dt, h, w1, b1, w, bias, m: relattn.source2token_attention(
+                h, w1, b1, w, bias, mask=m
+            ),
+        ),
+        "dot_product_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 2, 5, 4)),
+            lambda b, dt, q, k: relattn.dot_product_scores(q, k),
+        ),
+        "scaled_dot_product_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 5, 4)),
+            lambda b, dt, q, k: relattn.scaled_dot_product_scores(q, k),
+        ),
+        "bilinear_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 2, 5, 3), _normal(r, 4, 3)),
+            lambda b, dt, q, k, w: relattn.bilinear_scores(q, k, w),
+        ),
+        "additive_scores": Case(
+            lambda r: (
+                _normal(r, 2, 3, 4),
+                _normal(r, 2, 5, 3),
+                _normal(r, 4, 6),
+                _normal(r, 3, 6),
+                _normal(r, 6),
+                _normal(r, 6),
+            ),
+            lambda b, dt, q, k, wq, wk, v, bias: relattn.additive_scores(
+                q, k, wq, wk, v, bias=bias, chunk_size=2
+            ),
+        ),
+        "cosine_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 2, 5, 4)),
+            lambda b, dt, q, k: relattn.cosine_scores(q, k),
+        ),
+        "location_scores": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 4, 7)),
+            lambda b, dt, q, w: relattn.location_scores(q, w),
+        ),
+        "predicted_positions": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 4, 5), _normal(r, 5)),
+            lambda b, dt, q, w, v: relattn.predicted_positions(q, w, v, 6),
+        ),
+        "local_p_weights": Case(
+            lambda r: (_normal(r, 2, 3, 6), 5 * r.random((2, 3))),
+            lambda b, dt, scores, p: relattn.local_p_weights(scores, p, 2),
         ),
     }
 )
