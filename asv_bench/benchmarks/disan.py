@@ -1,0 +1,51 @@
+"""relattn.multi_dimensional_attention: DiSAN's feature-wise token2token attention.
+
+``h (B, L, d)`` with ``B = 2``, ``d = 64`` (:data:`common.DISAN_FEATURES`),
+``L = Lq``, the forward mask, no fusion gate. The logits are ``O(B·L²·d)``,
+computed in query chunks; L = 2048 is skipped on CPU backends (see
+:data:`common.DISAN_FEATURES`). There is no native baseline: no library ships
+this attention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import common
+
+
+def _inputs(query_length: int) -> dict:
+    d = common.DISAN_FEATURES
+    rng = np.random.default_rng(5)
+    return {
+        "h": common.normal(rng, common.BATCH, query_length, d),
+        "query_weight": common.normal(rng, d, d) / np.float32(np.sqrt(d)),
+        "key_weight": common.normal(rng, d, d) / np.float32(np.sqrt(d)),
+        "bias": np.zeros(d, dtype=np.float32),
+    }
+
+
+def _forward(h, query_weight, key_weight, bias):
+    from relattn import multi_dimensional_attention
+
+    return multi_dimensional_attention(h, query_weight, key_weight, bias, direction="forward")
+
+
+class MultiDimensionalAttention:
+    params = [common.BACKENDS, common.QUERY_LENGTHS]
+    param_names = ["backend", "query_length"]
+    timeout = 300
+
+    def setup(self, backend, query_length):
+        common.skip_on_cpu_from(backend, query_length, 2048)
+        self.backend = common.get_backend(backend)
+        arrays = common.on(self.backend, _inputs(query_length))
+        fn = self.backend.jit(_forward)
+        self.call = lambda: fn(**arrays)
+        self.backend.ready(self.call())
+
+    def time_multi_dimensional_attention(self, backend, query_length):
+        self.backend.ready(self.call())
+
+    def peakmem_multi_dimensional_attention(self, backend, query_length):
+        self.backend.ready(self.call())

@@ -1,0 +1,43 @@
+"""relattn.sinusoidal_position_encoding over the distances of a relative layout.
+
+Transformer-XL's position table before projection: one row per distance
+``i - j`` of the full layout (``W = Lq + Lk - 1`` rows, ``Lk = 2·Lq``),
+``d_model = H·d_head = 512``, concatenated ``[sin | cos]`` layout, float32.
+The positions are an array (JAX traces them under ``jax.jit``: with an integer
+count the whole table would be a compile-time constant).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import common
+
+D_MODEL = common.HEADS * common.D_HEAD
+
+
+def _encode(positions):
+    from relattn import sinusoidal_position_encoding
+
+    return sinusoidal_position_encoding(positions, D_MODEL, layout="concatenated")
+
+
+class SinusoidalPositionEncoding:
+    params = [common.BACKENDS, common.QUERY_LENGTHS]
+    param_names = ["backend", "query_length"]
+    timeout = 120
+
+    def setup(self, backend, query_length):
+        self.backend = common.get_backend(backend)
+        lk = common.key_length(query_length)
+        distances = np.arange(lk - 1, -query_length, -1, dtype=np.float32)  # i - j, W of them
+        positions = self.backend.asarray(distances)
+        fn = self.backend.jit(_encode)
+        self.call = lambda: fn(positions)
+        self.backend.ready(self.call())
+
+    def time_sinusoidal_position_encoding(self, backend, query_length):
+        self.backend.ready(self.call())
+
+    def peakmem_sinusoidal_position_encoding(self, backend, query_length):
+        self.backend.ready(self.call())

@@ -1,0 +1,373 @@
+"""Native baselines: the algorithms relattn implements, written directly in each library.
+
+These are what a user would write without relattn, in the library's own API
+(no relattn, no array-api-compat), the way the reference implementations do:
+
+- Transformer-XL relative attention with the pad-and-reshape shift of Dai et
+  al. 2019, appendix B (``_rel_shift`` in ``mem_transformer.py``; ESPnet's
+  ``RelPositionMultiHeadedAttention.rel_shift`` for the full layout), in
+  PyTorch, NumPy (and CuPy, whose API is NumPy's) and ``jax.numpy``;
+- attention with a precomputed additive bias through the libraries' fused
+  kernels, ``torch.nn.functional.scaled_dot_product_attention`` and
+  ``jax.nn.dot_product_attention`` (and plain NumPy);
+- Shaw et al. 2018 as tensor2tensor computes it
+  (``dot_product_attention_relative``): the clipped tables gathered into
+  ``(Lq, Lk, d)`` tensors per pair.
+
+Each computes exactly what its relattn counterpart computes (same layouts,
+same distance convention ``δ = j - (i + Lk - Lq)``, same masking);
+:func:`check` asserts it on small inputs and the benchmarks call it once in
+``setup``. Run ``python asv_bench/benchmarks/native.py`` to check every
+installed backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+try:
+    from . import common
+except ImportError:  # run as a script: python asv_bench/benchmarks/native.py
+    import common
+
+# -- NumPy (and CuPy: pass ``lib=cupy``) --------------------------------
+
+
+def numpy_rel_shift(x: Any, key_length: int, lib: Any = np) -> Any:
+    """Transformer-XL ``_rel_shift``: prepend a zero column, read rows with stride ``W``.
+
+    ``x (..., Lq, W)`` in relattn's relative layout; returns ``(..., Lq, Lk)``
+    with ``out[i, j] = x[i, j - i + Lq - 1]``. In the causal layout (``W =
+    Lk``) the entries with ``δ > 0`` hold other rows' values: callers mask them.
+    """
+    *batch, lq, width = x.shape
+    padded = lib.concatenate([lib.zeros((*batch, lq, 1), dtype=x.dtype), x], axis=-1)
+    padded = padded.reshape(*batch, width + 1, lq)[..., 1:, :]
+    return padded.reshape(*batch, lq, width)[..., :key_length]
+
+
+def numpy_softmax(scores: Any, mask: Any = None, lib: Any = np) -> Any:
+    """Softmax over the last axis, ``mask`` (True = may attend) filled with ``-inf`` first."""
+    if mask is not None:
+        scores = lib.where(mask, scores, -lib.inf)
+    weights = lib.exp(scores - scores.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def numpy_causal_mask(query_length: int, key_length: int, lib: Any = np) -> Any:
+    """``True`` where ``j <= i + Lk - Lq`` (Transformer-XL's ``dec_attn_mask``, negated)."""
+    return lib.tri(query_length, key_length, key_length - query_length, dtype=bool)
+
+
+def numpy_relative_attention(
+    q, k, v, position_table, content_bias, position_bias, scale=None, lib: Any = np
+):
+    """Transformer-XL relative attention; causal layout (``W = Lk``) or full layout."""
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    ac = (q + content_bias) @ lib.swapaxes(k, -1, -2)
+    bd = numpy_rel_shift((q + position_bias) @ lib.swapaxes(position_table, -1, -2), lk, lib)
+    scores = (ac + bd) * scale
+    mask = numpy_causal_mask(lq, lk, lib) if position_table.shape[-2] == lk else None
+    return numpy_softmax(scores, mask, lib) @ v
+
+
+def numpy_attention(q, k, v, bias, scale=None, lib: Any = np):
+    """``softmax(q kᵀ · scale + bias) v``."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return numpy_softmax((q @ lib.swapaxes(k, -1, -2)) * scale + bias, None, lib) @ v
+
+
+def numpy_relative_embeddings(table, query_length, key_length, lib: Any = np):
+    """tensor2tensor ``_generate_relative_positions_embeddings``: ``(Lq, Lk, d)``."""
+    radius = (table.shape[0] - 1) // 2
+    keys = lib.arange(key_length)
+    queries = keys[-query_length:]  # the last Lq keys are the current segment
+    distance = keys[None, :] - queries[:, None]
+    return table[lib.clip(distance, -radius, radius) + radius]
+
+
+def _numpy_relative_inner(x, y, z, transpose, lib):
+    """tensor2tensor ``_relative_attention_inner``: ``x y(ᵀ) + x z(ᵀ)``, ``z`` per pair."""
+    batch, heads, length = x.shape[:3]
+    xy = x @ (lib.swapaxes(y, -1, -2) if transpose else y)
+    x_t = lib.transpose(x, (2, 0, 1, 3)).reshape(length, batch * heads, -1)
+    xz = x_t @ (lib.swapaxes(z, -1, -2) if transpose else z)
+    return xy + lib.transpose(xz.reshape(length, batch, heads, -1), (1, 2, 0, 3))
+
+
+def numpy_shaw_materialised(q, k, v, key_table, value_table, scale=None, lib: Any = np):
+    """tensor2tensor ``dot_product_attention_relative`` (Shaw et al. 2018, eq. (2)–(5))."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    relations_keys = numpy_relative_embeddings(key_table, lq, lk, lib)
+    relations_values = numpy_relative_embeddings(value_table, lq, lk, lib)
+    logits = _numpy_relative_inner(q * scale, k, relations_keys, True, lib)
+    return _numpy_relative_inner(numpy_softmax(logits, None, lib), v, relations_values, False, lib)
+
+
+# -- PyTorch -------------------------------------------------------------
+
+
+def torch_rel_shift(x, key_length: int):
+    """Transformer-XL ``_rel_shift`` (batch first): ``cat`` a zero column, ``view``, drop a row."""
+    import torch
+
+    *batch, lq, width = x.shape
+    zero_pad = x.new_zeros((*batch, lq, 1))
+    padded = torch.cat([zero_pad, x], dim=-1).view(*batch, width + 1, lq)
+    return padded[..., 1:, :].view(*batch, lq, width)[..., :key_length]
+
+
+def torch_relative_attention(q, k, v, position_table, content_bias, position_bias, scale=None):
+    """Transformer-XL ``RelPartialLearnableMultiHeadAttn`` scores, batch first."""
+    import torch
+
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    ac = torch.matmul(q + content_bias, k.transpose(-1, -2))
+    bd = torch_rel_shift(torch.matmul(q + position_bias, position_table.transpose(-1, -2)), lk)
+    scores = (ac + bd) * scale
+    if position_table.shape[-2] == lk:
+        blocked = torch.triu(
+            torch.ones(lq, lk, dtype=torch.bool, device=q.device), diagonal=1 + lk - lq
+        )
+        scores = scores.masked_fill(blocked, -math.inf)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def torch_attention(q, k, v, bias, scale=None):
+    """``torch.nn.functional.scaled_dot_product_attention`` with a float ``attn_mask`` (a bias)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def torch_shaw_materialised(q, k, v, key_table, value_table, scale=None):
+    """tensor2tensor ``dot_product_attention_relative`` in PyTorch."""
+    import torch
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    radius = (key_table.shape[0] - 1) // 2
+    keys = torch.arange(lk, device=q.device)
+    distance = keys[None, :] - keys[-lq:, None]
+    index = torch.clamp(distance, -radius, radius) + radius
+    relations_keys, relations_values = key_table[index], value_table[index]  # (Lq, Lk, d)
+
+    def inner(x, y, z, transpose):
+        batch, heads, length = x.shape[:3]
+        xy = torch.matmul(x, y.transpose(-1, -2) if transpose else y)
+        x_t = x.permute(2, 0, 1, 3).reshape(length, batch * heads, -1)
+        xz = torch.matmul(x_t, z.transpose(-1, -2) if transpose else z)
+        return xy + xz.reshape(length, batch, heads, -1).permute(1, 2, 0, 3)
+
+    weights = torch.softmax(inner(q * scale, k, relations_keys, True), dim=-1)
+    return inner(weights, v, relations_values, False)
+
+
+# -- JAX (call through ``jax.jit``) -------------------------------------
+
+
+def jax_rel_shift(x, key_length: int):
+    """Transformer-XL ``_rel_shift`` in ``jax.numpy``."""
+    import jax.numpy as jnp
+
+    *batch, lq, width = x.shape
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(1, 0)])
+    padded = padded.reshape(*batch, width + 1, lq)[..., 1:, :]
+    return padded.reshape(*batch, lq, width)[..., :key_length]
+
+
+def jax_relative_attention(q, k, v, position_table, content_bias, position_bias, scale=None):
+    """Transformer-XL relative attention in ``jax.numpy`` (as in Flax/Haiku ports)."""
+    import jax
+    import jax.numpy as jnp
+
+    lq, lk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    ac = jnp.matmul(q + content_bias, jnp.swapaxes(k, -1, -2))
+    bd = jax_rel_shift(jnp.matmul(q + position_bias, jnp.swapaxes(position_table, -1, -2)), lk)
+    scores = (ac + bd) * scale
+    if position_table.shape[-2] == lk:
+        scores = jnp.where(jnp.tri(lq, lk, lk - lq, dtype=bool), scores, -jnp.inf)
+    return jnp.matmul(jax.nn.softmax(scores, axis=-1), v)
+
+
+def jax_attention(q, k, v, bias, scale=None):
+    """``jax.nn.dot_product_attention`` on ``(B, H, L, d)`` arrays.
+
+    The fused function wants ``(B, L, H, d)``; the transposes are part of what
+    a caller holding relattn's layout pays, and XLA folds them into the
+    products.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    out = jax.nn.dot_product_attention(
+        jnp.swapaxes(q, 1, 2),
+        jnp.swapaxes(k, 1, 2),
+        jnp.swapaxes(v, 1, 2),
+        bias=jnp.broadcast_to(bias, (1, 1, *bias.shape[-2:])) if bias.ndim == 2 else bias,
+        scale=scale,
+    )
+    return jnp.swapaxes(out, 1, 2)
+
+
+def jax_shaw_materialised(q, k, v, key_table, value_table, scale=None):
+    """tensor2tensor ``dot_product_attention_relative`` in ``jax.numpy``."""
+    import jax
+    import jax.numpy as jnp
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    radius = (key_table.shape[0] - 1) // 2
+    keys = jnp.arange(lk)
+    index = jnp.clip(keys[None, :] - keys[-lq:, None], -radius, radius) + radius
+    relations_keys, relations_values = key_table[index], value_table[index]
+    logits = (q * scale) @ jnp.swapaxes(k, -1, -2)
+    logits = logits + jnp.einsum("bhid,ijd->bhij", q * scale, relations_keys)
+    weights = jax.nn.softmax(logits, axis=-1)
+    return weights @ v + jnp.einsum("bhij,ijd->bhid", weights, relations_values)
+
+
+# -- the table the benchmarks use ----------------------------------------
+
+#: ``{function: {backend family: native implementation}}``; "numpy" serves
+#: CuPy as well (through ``lib=cupy``).
+NATIVE = {
+    "relative_attention": {
+        "numpy": numpy_relative_attention,
+        "torch": torch_relative_attention,
+        "jax": jax_relative_attention,
+    },
+    "scaled_dot_product_attention": {
+        "numpy": numpy_attention,
+        "torch": torch_attention,
+        "jax": jax_attention,
+    },
+    "shaw_attention": {
+        "numpy": numpy_shaw_materialised,
+        "torch": torch_shaw_materialised,
+        "jax": jax_shaw_materialised,
+    },
+    "rel_shift": {"numpy": numpy_rel_shift, "torch": torch_rel_shift, "jax": jax_rel_shift},
+}
+
+
+def family(backend_name: str) -> str | None:
+    """The key of :data:`NATIVE` for a benchmark backend; ``None`` for Dask (no native code)."""
+    if backend_name in ("numpy", "cupy"):
+        return "numpy"
+    if backend_name.startswith("torch"):
+        return "torch"
+    if backend_name.startswith("jax"):
+        return "jax"
+    return None
+
+
+def native(function: str, backend: Any) -> Any:
+    """The native implementation of relattn's ``function`` for ``backend`` (a common.Backend).
+
+    JAX's is compiled with ``jax.jit``; CuPy's is NumPy's code on ``cupy``.
+    ``NotImplementedError`` where there is none (Dask).
+    """
+    fam = family(backend.name)
+    if fam is None:
+        raise NotImplementedError(f"no native {function} for {backend.name}")
+    fn = NATIVE[function][fam]
+    if backend.name == "cupy":
+        return functools.partial(fn, lib=backend.lib)
+    if fam == "jax":
+        import jax
+
+        static = ("key_length",) if function == "rel_shift" else ()
+        return jax.jit(fn, static_argnames=static)
+    return fn
+
+
+def relattn_function(function: str, backend: Any) -> Any:
+    """relattn's ``function``, compiled with ``jax.jit`` on JAX."""
+    import relattn
+
+    fn = getattr(relattn, function, None)
+    if fn is None:  # an older commit, in `asv continuous` or `asv run A..B`
+        raise NotImplementedError(f"relattn {relattn.__version__} has no {function}")
+    if backend.name.startswith("jax"):
+        import jax
+
+        static = ("key_length",) if function == "rel_shift" else ()
+        return jax.jit(fn, static_argnames=static)
+    return fn
+
+
+# -- equality with relattn -----------------------------------------------
+
+
+#: The arrays of a relative-attention call, in the native functions' order.
+RELATIVE_NAMES = ("q", "k", "v", "position_table", "content_bias", "position_bias")
+
+
+@functools.cache
+def check(backend_name: str) -> None:
+    """Assert every native baseline of ``backend_name`` equals relattn on small float32 inputs.
+
+    ``NotImplementedError`` where the backend is absent or has no native code
+    (Dask). Cached: one check per process, however many benchmarks call it.
+    """
+    backend = common.get_backend(backend_name)
+    if family(backend_name) is None:
+        raise NotImplementedError(f"no native baselines for {backend_name}")
+    tol = {"rtol": 2e-4, "atol": 2e-5}
+
+    def same(function: str, args: tuple, kwargs: dict, native_args: tuple | None = None) -> None:
+        ours = relattn_function(function, backend)(*args, **kwargs)
+        theirs = native(function, backend)(*(args if native_args is None else native_args))
+        np.testing.assert_allclose(
+            backend.to_numpy(theirs),
+            backend.to_numpy(ours),
+            **tol,
+            err_msg=f"native {function} on {backend_name} differs from relattn",
+        )
+
+    for lq, lk in ((5, 9), (6, 6)):
+        for layout in ("causal", "full"):
+            arrays = common.on(backend, common.relative_inputs(lq, layout, key_len=lk))
+            q, k, v, table, u, pos = (arrays[n] for n in RELATIVE_NAMES)
+            same(
+                "relative_attention",
+                (q, k, v, table),
+                {"content_bias": u, "position_bias": pos},
+                (q, k, v, table, u, pos),
+            )
+            scores = (q + pos) @ backend.lib.swapaxes(table, -1, -2)
+            ours = backend.to_numpy(relattn_function("rel_shift", backend)(scores, key_length=lk))
+            theirs = backend.to_numpy(native("rel_shift", backend)(scores, lk))
+            # The causal layout has no column for δ > 0: relattn writes 0 there, the
+            # native shift leaves other rows' values, which attention masks.
+            keep = np.tri(lq, lk, lk - lq, dtype=bool) if layout == "causal" else True
+            np.testing.assert_allclose(np.where(keep, theirs, 0), np.where(keep, ours, 0), **tol)
+        arrays = common.on(backend, common.bias_inputs(lq, key_len=lk))
+        same(
+            "scaled_dot_product_attention",
+            (arrays["q"], arrays["k"], arrays["v"]),
+            {"bias": arrays["bias"]},
+            (arrays["q"], arrays["k"], arrays["v"], arrays["bias"]),
+        )
+        arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
+        args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
+        same("shaw_attention", args, {})
+
+
+if __name__ == "__main__":
+    for name in common.BACKENDS:
+        try:
+            check(name)
+        except NotImplementedError as e:
+            print(f"{name:<11} skipped: {e}")
+        else:
+            print(f"{name:<11} native baselines equal relattn")

@@ -1,0 +1,336 @@
+"""relattn against native code, side by side in one process, with a pass/miss table.
+
+The speed and memory targets of SPEC §5 and issue 4, measured the way asv's
+``track_*`` benchmarks do (the two sides alternate, several repeats, medians)
+but at the sizes the targets name, and printed as one markdown table:
+
+- ``relative_attention``: relattn / native Transformer-XL code (pad-and-reshape
+  shift, ``asv_bench/benchmarks/native.py``) on NumPy, PyTorch CPU and JAX
+  (``jax.jit``) at Lq = 512, Lk = 1024, causal and full layouts: <= 1.05;
+- ``relative_attention`` / its own matrix products timed alone
+  (``(q+u) kᵀ``, ``(q+v) Rᵀ``, ``P v``, summed) at Lq = 1024, Lk = 2048 on
+  NumPy and PyTorch CPU: <= 1.5;
+- Shaw host peak memory (``asv_bench/shaw_memory.py``, one process per case)
+  at L = 2048: shaw / plain attention with a bias <= 1.25 and
+  materialised (tensor2tensor) / shaw >= 10;
+- dispatch overhead at L = 8: relattn's call minus the native call, in µs
+  (reported, no target);
+- with a CUDA GPU: ``relative_attention`` on torch CUDA against
+  ``scaled_dot_product_attention`` given the same scores' position term and
+  causal mask as a precomputed bias, L = 4096: throughput >= 0.8 × SDPA's.
+
+Usage (from the repository root)::
+
+    python asv_bench/compare.py                   # everything available
+    python asv_bench/compare.py --quick           # fewer repeats
+    python asv_bench/compare.py --backend numpy --backend torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import operator
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import relattn  # noqa: E402
+
+from benchmarks import common, native  # noqa: E402
+
+CPU = ("numpy", "torch", "jax")
+FUSED = {"torch": "F.scaled_dot_product_attention", "jax": "jax.nn.dot_product_attention"}
+#: glibc malloc settings of ``--warm-malloc``: no mmap per array, no trimming.
+WARM_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+
+
+@dataclass
+class Row:
+    what: str
+    backend: str
+    ours: str
+    theirs: str
+    value: float
+    target: str
+    ok: bool | None  # None: reported, no target
+
+    def cells(self) -> list[str]:
+        status = "info" if self.ok is None else ("pass" if self.ok else "**MISS**")
+        return [self.what, self.backend, self.ours, self.theirs, f"{self.value:.3g}", self.target,
+                status]  # fmt: skip
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def side_by_side(
+    fn: Callable[[], Any], baseline: Callable[[], Any], backend: common.Backend, repeats: int
+) -> tuple[float, float, float]:
+    """``(ratio, median fn, median baseline)`` alternating the two, ``repeats`` times each."""
+    return common.median_ratio(fn, baseline, backend, repeats)
+
+
+def relative_calls(backend: common.Backend, lq: int, lk: int, layout: str):
+    arrays = common.on(backend, common.relative_inputs(lq, layout, key_len=lk))
+    q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
+    ours_fn = native.relattn_function("relative_attention", backend)
+    theirs_fn = native.native("relative_attention", backend)
+
+    def ours():
+        return ours_fn(q, k, v, table, content_bias=u, position_bias=pos)
+
+    def theirs():
+        return theirs_fn(q, k, v, table, u, pos)
+
+    return ours, theirs, arrays
+
+
+# -- the measurements --------------------------------------------------
+
+
+def against_native(names: list[str], repeats: int) -> list[Row]:
+    rows = []
+    for name in names:
+        backend = common.get_backend(name)
+        native.check(name)
+        for layout in ("causal", "full"):
+            ours, theirs, _ = relative_calls(backend, 512, 1024, layout)
+            ratio, a, b = side_by_side(ours, theirs, backend, repeats)
+            what = f"relative_attention {layout}, Lq=512 Lk=1024: relattn / native"
+            label = f"{name}-jit" if name == "jax" else name
+            rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
+    return rows
+
+
+def other_functions(names: list[str], repeats: int) -> list[Row]:
+    """scaled_dot_product_attention against the fused kernels; Shaw against tensor2tensor."""
+    rows = []
+    lq, lk = 512, 1024
+    for name in names:
+        backend = common.get_backend(name)
+        label = f"{name}-jit" if name == "jax" else name
+        arrays = common.on(backend, common.bias_inputs(lq, key_len=lk))
+        q, k, v, bias = (arrays[n] for n in ("q", "k", "v", "bias"))
+        ours_fn = native.relattn_function("scaled_dot_product_attention", backend)
+        theirs_fn = native.native("scaled_dot_product_attention", backend)
+        ours = functools.partial(ours_fn, q, k, v, bias=bias)
+        theirs = functools.partial(theirs_fn, q, k, v, bias)
+        ratio, a, b = side_by_side(ours, theirs, backend, repeats)
+        fused = FUSED.get(name, name)
+        what = f"scaled_dot_product_attention + bias, Lq=512 Lk=1024: relattn / {fused}"
+        rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
+        arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
+        args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
+        ours_fn = native.relattn_function("shaw_attention", backend)
+        theirs_fn = native.native("shaw_attention", backend)
+        ours, theirs = functools.partial(ours_fn, *args), functools.partial(theirs_fn, *args)
+        ratio, a, b = side_by_side(ours, theirs, backend, repeats)
+        what = "shaw_attention, Lq=512 Lk=1024: relattn / tensor2tensor (Lq, Lk, d) tensors"
+        rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
+    return rows
+
+
+def against_products(names: list[str], repeats: int) -> list[Row]:
+    """relattn's whole call against the three products it cannot avoid, each timed alone."""
+    rows = []
+    for name in names:
+        if name not in ("numpy", "torch"):
+            continue
+        backend = common.get_backend(name)
+        lq, lk = 1024, 2048
+        ours, theirs, arrays = relative_calls(backend, lq, lk, "causal")
+        q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
+        lib = backend.lib
+        qu, qv = q + u, q + pos
+        k_t, r_t = lib.swapaxes(k, -1, -2), lib.swapaxes(table, -1, -2)
+        weights = backend.asarray(
+            np.full((common.BATCH, common.HEADS, lq, lk), 1.0 / lk, dtype=np.float32)
+        )
+        products = {
+            "(q+u) kᵀ": functools.partial(operator.matmul, qu, k_t),
+            "(q+v) Rᵀ": functools.partial(operator.matmul, qv, r_t),
+            "P v": functools.partial(operator.matmul, weights, v),
+        }
+        calls = {"relattn": ours, "native": theirs, **products}
+        for fn in calls.values():
+            backend.ready(fn())
+        # Round-robin: one call of each per round, medians over the rounds.
+        times: dict[str, list[float]] = {key: [] for key in calls}
+        for _ in range(repeats):
+            for key, fn in calls.items():
+                times[key].append(common.timed(fn, backend))
+        med = {key: statistics.median(t) for key, t in times.items()}
+        total = sum(med[p] for p in products)
+        parts = " + ".join(f"{ms(med[p])}" for p in products)
+        what = f"relative_attention causal, Lq=1024 Lk=2048: {{}} / Σ products ({parts})"
+        ratio = med["relattn"] / total
+        rows.append(Row(what.format("relattn"), name, ms(med["relattn"]), ms(total), ratio,
+                        "<= 1.5", ratio <= 1.5))  # fmt: skip
+        rows.append(Row(what.format("native"), name, ms(med["native"]), ms(total),
+                        med["native"] / total, "(floor)", None))  # fmt: skip
+    return rows
+
+
+def shaw_memory(length: int) -> list[Row]:
+    """Traced host peaks of the three Shaw cases, each in its own process (NumPy)."""
+    peaks = {}
+    for case in ("shaw", "plain", "materialised"):
+        cmd = [sys.executable, str(HERE / "shaw_memory.py"), "--case", case]
+        cmd += ["--length", str(length)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        peaks[case] = json.loads(done.stdout.strip().splitlines()[-1])["traced_mib"]
+    size = f"L={length} B=1 H=8 d=64 K=16, traced peak"
+    ratio_plain = peaks["shaw"] / peaks["plain"]
+    ratio_mat = peaks["materialised"] / peaks["shaw"]
+    mib = {case: f"{p:.0f} MiB" for case, p in peaks.items()}
+    return [
+        Row(f"shaw_attention memory, {size}: shaw / plain+bias", "numpy", mib["shaw"],
+            mib["plain"], ratio_plain, "<= 1.25", ratio_plain <= 1.25),
+        Row(f"shaw_attention memory, {size}: materialised / shaw", "numpy", mib["shaw"],
+            mib["materialised"], ratio_mat, ">= 10", ratio_mat >= 10),
+    ]  # fmt: skip
+
+
+def dispatch(names: list[str], quick: bool) -> list[Row]:
+    """Per-call cost at Lq = Lk = 8, where the arithmetic is negligible: microseconds."""
+    rows = []
+    loops, rounds = (200, 5) if quick else (1000, 9)
+    for name in names:
+        backend = common.get_backend(name)
+        ours, theirs, _ = relative_calls(backend, 8, 8, "causal")
+        for fn in (ours, theirs):
+            backend.ready(fn())
+        a_runs, b_runs = [], []
+        for _ in range(rounds):
+            for fn, runs in ((ours, a_runs), (theirs, b_runs)):
+                start = time.perf_counter()
+                for _ in range(loops):
+                    out = fn()
+                backend.ready(out)
+                runs.append((time.perf_counter() - start) / loops)
+        a, b = statistics.median(a_runs), statistics.median(b_runs)
+        label = f"{name}-jit" if name == "jax" else name
+        rows.append(
+            Row("relative_attention dispatch, Lq=Lk=8: relattn − native (µs per call)", label,
+                f"{a * 1e6:.0f} µs", f"{b * 1e6:.0f} µs", (a - b) * 1e6, "report", None)
+        )  # fmt: skip
+    return rows
+
+
+def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cuda") -> list[Row]:
+    """torch CUDA relative_attention against SDPA given its position term as a bias, L = 4096."""
+    import torch
+    import torch.nn.functional as F
+
+    backend = common.get_backend(backend_name)
+    ours, _, arrays = relative_calls(backend, length, length, "causal")
+    q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    with torch.no_grad():
+        position = relattn.rel_shift((q + pos) @ table.transpose(-1, -2), length) * scale
+        blocked = torch.triu(torch.ones(length, length, dtype=torch.bool, device=q.device), 1)
+        bias = position.masked_fill(blocked, -math.inf)  # (B, H, L, L), precomputed
+        qu = q + u
+
+        def sdpa():
+            return F.scaled_dot_product_attention(qu, k, v, attn_mask=bias, scale=scale)
+
+        np.testing.assert_allclose(
+            backend.to_numpy(sdpa()), backend.to_numpy(ours()), rtol=1e-3, atol=1e-3
+        )
+        ratio, a, b = side_by_side(ours, sdpa, backend, repeats)
+    throughput = 1.0 / ratio  # SDPA's time over relattn's
+    return [
+        Row(f"relative_attention causal, L={length}: throughput relattn / SDPA with the "
+            "position term as a precomputed bias", backend_name, ms(a), ms(b), throughput,
+            ">= 0.8", throughput >= 0.8)
+    ]  # fmt: skip
+
+
+def table(rows: list[Row]) -> str:
+    head = ["measurement", "backend", "relattn", "baseline", "value", "target", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def environment() -> str:
+    import platform
+
+    versions = [f"numpy {np.__version__}"]
+    for mod in ("torch", "jax"):
+        lib = getattr(common, mod)
+        if lib is not None:
+            versions.append(f"{mod} {lib.__version__}")
+    threads = f"torch threads {common.torch.get_num_threads()}" if common.torch else ""
+    return f"{platform.processor() or platform.machine()}, {', '.join(versions)}; {threads}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 9")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=(*CPU, "torch_cuda"),
+        help="restrict to these backends (repeatable); default: all available",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the Shaw memory runs")
+    parser.add_argument(
+        "--warm-malloc",
+        action="store_true",
+        help="rerun with glibc keeping freed memory (no page faults on fresh temporaries)",
+    )
+    args = parser.parse_args(argv)
+    if args.warm_malloc and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        # glibc serves large arrays with fresh mmap()s, zero-filled page by page on first
+        # touch; on a VM that can be most of a CPU attention's time. Keep memory instead.
+        env = {**os.environ, **WARM_MALLOC}
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+    repeats = 3 if args.quick else 9
+    names = []
+    for name in args.backend or CPU:
+        if name == "torch_cuda":
+            continue
+        try:
+            common.get_backend(name)
+        except NotImplementedError as e:
+            print(f"skipping {name}: {e}", file=sys.stderr)
+        else:
+            names.append(name)
+
+    malloc = "; glibc malloc kept warm" if "MALLOC_MMAP_THRESHOLD_" in os.environ else ""
+    print(f"relattn {relattn.__version__}; {environment()}; repeats {repeats}{malloc}\n")
+    rows = against_native(names, repeats)
+    rows += other_functions(names, repeats)
+    rows += against_products(names, repeats)
+    if not args.no_memory and (args.backend is None or "numpy" in args.backend):
+        rows += shaw_memory(2048)
+    rows += dispatch(names, args.quick)
+    if args.backend is None or "torch_cuda" in args.backend:
+        try:
+            rows += cuda_vs_sdpa(repeats)
+        except NotImplementedError as e:
+            print(f"torch_cuda vs SDPA skipped: {e}\n")
+    print(table(rows))
+    missed = [r for r in rows if r.ok is False]
+    print(f"\n{len(missed)} of {sum(r.ok is not None for r in rows)} targets missed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
