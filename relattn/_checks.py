@@ -87,6 +87,16 @@ def ndim(name: str, x: Any, minimum: int, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout}, got shape {tuple(x.shape)}")
 
 
+def query_key(q: Any, k: Any, *, same_features: bool = True) -> None:
+    """``q (..., Lq, d)`` and ``k (..., Lk, d)``: at least 2-D, one feature size if asked."""
+    ndim("q", q, 2, "(..., Lq, d)")
+    ndim("k", k, 2, "(..., Lk, d)")
+    if same_features and k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k must have the feature size of q, d = {q.shape[-1]}, got k of shape {tuple(k.shape)}"
+        )
+
+
 def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], what: str) -> None:
     """Check ``shape`` broadcasts to exactly ``target`` (shapes only, no arrays)."""
     try:

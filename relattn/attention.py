@@ -93,13 +93,8 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
-    _checks.ndim("q", q, 2, "(..., Lq, d)")
-    _checks.ndim("k", k, 2, "(..., Lk, d)")
+    _checks.query_key(q, k)
     _checks.ndim("v", v, 2, "(..., Lk, d_v)")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k must have the feature size of q, d = {q.shape[-1]}, got k of shape {tuple(k.shape)}"
-        )
     if v.shape[-2] != k.shape[-2]:
         raise ValueError(
             f"v must have one row per key, Lk = {k.shape[-2]}, got v of shape {tuple(v.shape)}"

@@ -34,12 +34,7 @@ ADDITIVE_CHUNK_ELEMENTS = 2**22
 
 def _check_qk(q: Any, k: Any, *, same_features: bool) -> tuple[int, ...]:
     """``q (..., Lq, d_q)`` and ``k (..., Lk, d_k)``; return the broadcast leading shape."""
-    _checks.ndim("q", q, 2, "(..., Lq, d)")
-    _checks.ndim("k", k, 2, "(..., Lk, d)")
-    if same_features and k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k must have the feature size of q, d = {q.shape[-1]}, got k of shape {tuple(k.shape)}"
-        )
+    _checks.query_key(q, k, same_features=same_features)
     return _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2])
 
 
