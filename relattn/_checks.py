@@ -12,7 +12,6 @@ from types import ModuleType
 from typing import Any
 
 import array_api_compat
-import numpy as np
 
 from .backends import namespace_of_module
 
@@ -21,21 +20,33 @@ def _library(x: Any) -> str:
     return type(x).__module__.partition(".")[0]
 
 
+#: Array type -> its namespace, filled by :func:`namespace` (the types are few).
+_NAMESPACE_OF_TYPE: dict[type, ModuleType] = {}
+
+
 def namespace(**arrays: Any) -> ModuleType:
     """Array-API namespace shared by the named arrays; ``None`` values are skipped.
 
     Raises ``TypeError`` naming the argument that is not an array, or the
-    arguments whose libraries differ.
+    arguments whose libraries differ. The namespace of each array type is
+    looked up once and cached: small calls are dominated by this look-up.
     """
     given = {name: a for name, a in arrays.items() if a is not None}
+    found = {_NAMESPACE_OF_TYPE.get(type(a)) for a in given.values()}
+    if len(found) == 1 and None not in found:
+        return found.pop()
     for name, a in given.items():
         if not array_api_compat.is_array_api_obj(a):
             raise TypeError(f"{name} must be an array, got {type(a).__name__}")
     try:
-        return array_api_compat.array_namespace(*given.values())
+        xp = array_api_compat.array_namespace(*given.values())
     except TypeError:
-        found = ", ".join(f"{name} is a {_library(a)} array" for name, a in given.items())
-        raise TypeError(f"arrays from different libraries cannot be mixed: {found}") from None
+        found_names = ", ".join(f"{name} is a {_library(a)} array" for name, a in given.items())
+        raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
+    types = {type(a) for a in given.values()}
+    if len(types) == 1:
+        _NAMESPACE_OF_TYPE[types.pop()] = xp
+    return xp
 
 
 def creation_namespace(xp: Any, **arrays: Any) -> ModuleType:
@@ -65,11 +76,31 @@ def length(name: str, value: Any, *, minimum: int = 1) -> int:
 
 def floating(xp: ModuleType, **arrays: Any) -> Any:
     """Check the named arrays are real floating; return their promoted dtype."""
-    given = {name: a for name, a in arrays.items() if a is not None}
-    for name, a in given.items():
-        if not xp.isdtype(a.dtype, "real floating"):
-            raise TypeError(f"{name} must have a real floating dtype, got {a.dtype}")
-    return xp.result_type(*given.values())
+    dtypes = {name: a.dtype for name, a in arrays.items() if a is not None}
+    for name, dtype in dtypes.items():
+        if not _is_real_floating(xp, dtype):
+            raise TypeError(f"{name} must have a real floating dtype, got {dtype}")
+    return _result_type(xp, *dtypes.values())
+
+
+#: (namespace name, dtype) -> is real floating; dicts rather than functools caches,
+#: which torch.compile traces through with a warning.
+_REAL_FLOATING: dict[tuple[str, Any], bool] = {}
+
+
+def _is_real_floating(xp: ModuleType, dtype: Any) -> bool:
+    key = (xp.__name__, dtype)
+    found = _REAL_FLOATING.get(key)
+    if found is None:
+        found = _REAL_FLOATING[key] = bool(xp.isdtype(dtype, "real floating"))
+    return found
+
+
+def _result_type(xp: ModuleType, *dtypes: Any) -> Any:
+    first = dtypes[0]
+    if all(dtype == first for dtype in dtypes):
+        return first
+    return xp.result_type(*dtypes)
 
 
 def cast(xp: ModuleType, x: Any, dtype: Any) -> Any:
@@ -99,11 +130,7 @@ def query_key(q: Any, k: Any, *, same_features: bool = True) -> None:
 
 def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], what: str) -> None:
     """Check ``shape`` broadcasts to exactly ``target`` (shapes only, no arrays)."""
-    try:
-        result = np.broadcast_shapes(shape, target)
-    except ValueError:
-        result = None
-    if result != tuple(target):
+    if _broadcast_shapes(tuple(shape), tuple(target)) != tuple(target):
         raise ValueError(
             f"{name} must be broadcastable to {what} {tuple(target)}, got shape {tuple(shape)}"
         )
@@ -111,11 +138,11 @@ def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], wh
 
 def broadcast(**shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of the named leading shapes, or ``ValueError`` naming them."""
-    try:
-        return tuple(np.broadcast_shapes(*shapes.values()))
-    except ValueError:
+    result = _broadcast_shapes(*(tuple(s) for s in shapes.values()))
+    if result is None:
         found = ", ".join(f"{name} {tuple(s)}" for name, s in shapes.items())
-        raise ValueError(f"leading (batch, head) dimensions do not broadcast: {found}") from None
+        raise ValueError(f"leading (batch, head) dimensions do not broadcast: {found}")
+    return result
 
 
 def exact_shape(name: str, x: Any, expected: tuple[int, ...], layout: str) -> None:
@@ -130,3 +157,15 @@ def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value
+
+
+def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast of ``shapes`` (array API rules), or ``None`` where they do not broadcast."""
+    ndim = max(len(shape) for shape in shapes)
+    result = []
+    for axis in range(-ndim, 0):
+        sizes = {shape[axis] for shape in shapes if len(shape) >= -axis} - {1}
+        if len(sizes) > 1:
+            return None
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)

@@ -8,9 +8,9 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from .backends import backend_for
 from .masks import causal_mask
-from .scores import check_table
-from .shift import shift
+from .scores import check_table, position_term
 
 __all__ = ["masked_softmax", "relative_attention", "scaled_dot_product_attention"]
 
@@ -25,23 +25,42 @@ def check_mask(mask: Any, scores_shape: tuple[int, ...], xp: Any) -> None:
 def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     """:func:`masked_softmax` without argument checks."""
     device = array_api_compat.device(scores)
-    zero = xp.zeros((), dtype=scores.dtype, device=device)
-    if mask is None:
-        peak = xp.max(scores, axis=axis, keepdims=True)
-    else:
-        lowest = xp.full((), xp.finfo(scores.dtype).min, dtype=scores.dtype, device=device)
-        peak = xp.max(xp.where(mask, scores, lowest), axis=axis, keepdims=True)
-    # A row of -inf scores (a -inf bias) would give inf - inf; shift it by 0 instead.
-    peak = xp.where(xp.isfinite(peak), peak, zero)
-    if mask is None:
-        weights = xp.exp(scores - peak)
-    else:
-        # Masked entries become the peak before subtracting: ``lowest - peak`` would
-        # overflow in float16, and a large masked score would overflow ``exp``.
-        weights = xp.where(mask, xp.exp(xp.where(mask, scores, peak) - peak), zero)
+    if mask is not None:
+        # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
+        # with no overflow in ``scores - peak`` even in float16.
+        scores = xp.where(mask, scores, xp.full((), -math.inf, dtype=scores.dtype, device=device))
+    peak = xp.max(scores, axis=axis, keepdims=True)
+    # A row with no finite score (fully masked, or a -inf bias) would give
+    # inf - inf; shift it by 0 instead, so its weights are exp(-inf) = 0.
+    peak = xp.where(xp.isfinite(peak), peak, xp.zeros((), dtype=scores.dtype, device=device))
+    weights = xp.exp(scores - peak)
     total = xp.sum(weights, axis=axis, keepdims=True)
     # A fully masked row sums to 0: divide by 1 so it stays 0, never 0/0.
     return weights / xp.where(total > 0, total, xp.ones_like(total))
+
+
+def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: float, xp: Any) -> Any:
+    """``softmax(q kᵀ · scale + bias, mask) v`` on inputs already checked and cast.
+
+    The backend's fused kernel runs it where there is one and the inputs fit
+    (:attr:`relattn.backends.Backend.fused_attention`); :func:`attend_generic`
+    is the reference it is tested against.
+    """
+    fused = backend_for(xp).fused_attention
+    if fused is not None:
+        out = fused(q, k, v, bias=bias, mask=mask, scale=scale)
+        if out is not None:
+            return out
+    return attend_generic(q, k, v, bias, mask, scale, xp)
+
+
+def attend_generic(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: float, xp: Any) -> Any:
+    """:func:`attend` in array-API calls only."""
+    # Scaling q, not the scores, saves a pass over the (..., Lq, Lk) array.
+    scores = (q * scale) @ xp.matrix_transpose(k)
+    if bias is not None:
+        scores = scores + bias
+    return softmax(scores, mask, -1, xp) @ v
 
 
 def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
@@ -162,10 +181,7 @@ def scaled_dot_product_attention(
         _checks.broadcastable("bias", bias.shape, scores_shape, "the scores (..., Lq, Lk)")
     q, k, v, bias = (_checks.cast(xp, a, dtype) for a in (q, k, v, bias))
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    scores = (q @ xp.matrix_transpose(k)) * scale
-    if bias is not None:
-        scores = scores + bias
-    return softmax(scores, mask, -1, xp) @ v
+    return attend(q, k, v, bias, mask, scale, xp)
 
 
 def relative_attention(
@@ -271,10 +287,12 @@ def relative_attention(
         _checks.cast(xp, a, dtype) for a in (q, k, v, position_table, content_bias, position_bias)
     )
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    content = (q if u is None else q + u) @ xp.matrix_transpose(k)
-    position = shift((q if pos_bias is None else q + pos_bias) @ xp.matrix_transpose(table), lk, xp)
-    scores = (content + position) * scale
-    if width == lk:
-        causal = causal_mask(lq, lk, xp=xp, device=array_api_compat.device(q))
-        mask = causal if mask is None else mask & causal
-    return softmax(scores, mask, -1, xp) @ v
+    causal = width == lk and width != lq + lk - 1
+    # Terms (b) + (d), scaled: the causal layout's δ > 0 cells are masked below,
+    # so the shift may leave other rows' values there.
+    position = position_term(q, pos_bias, table, lk, xp, scale=scale, masked=causal)
+    if causal:
+        blocked = causal_mask(lq, lk, xp=xp, device=array_api_compat.device(q))
+        mask = blocked if mask is None else mask & blocked
+    # Terms (a) + (c) and the softmax: attention with the position term as a bias.
+    return attend(q if u is None else q + u, k, v, position, mask, scale, xp)

@@ -111,9 +111,24 @@ def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) ->
     if bias is not None:
         _checks.broadcastable("bias", bias.shape, tuple(q.shape), "q")
     q, table, bias = (_checks.cast(xp, a, dtype) for a in (q, table, bias))
+    return position_term(q, bias, table, lk, xp)
+
+
+def position_term(
+    q: Any, bias: Any, table: Any, key_length: int, xp: Any, *, scale: float = 1.0,
+    masked: bool = False,
+) -> Any:  # fmt: skip
+    """``rel_shift((q + bias) · scale · tableᵀ, Lk)`` on checked, cast inputs.
+
+    The scale multiplies ``q`` (``Lq·d`` elements), not the scores. With
+    ``masked=True`` the causal layout's ``δ > 0`` cells are left unspecified
+    (see :func:`relattn.shift.shift`).
+    """
     if bias is not None:
         q = q + bias
-    return shift(q @ xp.matrix_transpose(table), lk, xp)
+    if scale != 1.0:
+        q = q * scale
+    return shift(q @ xp.matrix_transpose(table), key_length, xp, masked=masked)
 
 
 def dot_product_scores(q: Any, k: Any) -> Any:

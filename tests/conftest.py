@@ -219,12 +219,23 @@ class Backend:
         )
 
     def jit(self, fn: Any) -> Any:
-        """``fn`` compiled by this backend's tracing jit, or skip the test."""
+        """``fn`` compiled by this backend's tracing jit, or skip the test.
+
+        JAX: ``jax.jit``. PyTorch: ``torch.compile(fullgraph=True)``, so a graph
+        break fails the test, with the ``aot_eager`` backend: Dynamo's capture
+        and AOTAutograd, without Inductor's C++ build (``test_compile.py`` runs
+        Inductor on the attention functions).
+        """
         if self.is_jax:
             import jax
 
             return jax.jit(fn)
-        pytest.skip(f"{self.name} has no jit in this suite (jax.jit tests)")
+        if self.module == "torch":
+            import torch
+
+            torch._dynamo.reset()  # a fresh cache: tests reuse code objects
+            return torch.compile(fn, fullgraph=True, backend="aot_eager")
+        pytest.skip(f"{self.name} has no jit (jax.jit and torch.compile tests)")
 
 
 BACKENDS = [

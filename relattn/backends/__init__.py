@@ -10,8 +10,6 @@ needs NumPy alone.
 
 from __future__ import annotations
 
-import functools
-import importlib
 from types import ModuleType
 from typing import Any
 
@@ -30,13 +28,45 @@ _XP_EXPECTED = (
     "array_api_strict) or its array-API namespace"
 )
 
+
+def _compat_numpy() -> ModuleType:
+    from array_api_compat import numpy
+
+    return numpy
+
+
+def _compat_torch() -> ModuleType:
+    from array_api_compat import torch
+
+    return torch
+
+
+def _compat_cupy() -> ModuleType:
+    from array_api_compat import cupy
+
+    return cupy
+
+
+def _compat_dask() -> ModuleType:
+    from array_api_compat.dask import array
+
+    return array
+
+
+def _jax_numpy() -> ModuleType:
+    from jax import numpy
+
+    return numpy
+
+
 # Library -> the array-API namespace whose functions return that library's arrays.
+# Plain import statements, not importlib: torch.compile can trace them.
 _NAMESPACES = (
-    (array_api_compat.is_numpy_namespace, "array_api_compat.numpy"),
-    (array_api_compat.is_torch_namespace, "array_api_compat.torch"),
-    (array_api_compat.is_cupy_namespace, "array_api_compat.cupy"),
-    (array_api_compat.is_dask_namespace, "array_api_compat.dask.array"),
-    (array_api_compat.is_jax_namespace, "jax.numpy"),
+    (array_api_compat.is_numpy_namespace, _compat_numpy),
+    (array_api_compat.is_torch_namespace, _compat_torch),
+    (array_api_compat.is_cupy_namespace, _compat_cupy),
+    (array_api_compat.is_dask_namespace, _compat_dask),
+    (array_api_compat.is_jax_namespace, _jax_numpy),
 )
 
 
@@ -57,23 +87,43 @@ def namespace_of_module(xp: Any) -> ModuleType:
         import numpy as xp
     if not isinstance(xp, ModuleType):
         raise TypeError(f"{_XP_EXPECTED}, got {xp!r}")
-    return _namespace_of_module(xp)
+    # A dict keyed by name, not functools.cache: torch.compile traces a dict look-up
+    # with a string key, but would trace through a cache wrapper into importlib.
+    given, found = _RESOLVED.get(xp.__name__, (None, None))
+    if given is not xp:
+        found = _namespace_of_module(xp)
+        _RESOLVED[xp.__name__] = (xp, found)
+    return found
 
 
-@functools.cache
+#: Module name -> (the module, its namespace), filled by :func:`namespace_of_module`.
+_RESOLVED: dict[str, tuple[ModuleType, ModuleType]] = {}
+
+
 def _namespace_of_module(xp: ModuleType) -> ModuleType:
     for is_library, namespace in _NAMESPACES:
         if is_library(xp):
-            return importlib.import_module(namespace)
+            return namespace()
     if hasattr(xp, "__array_namespace_info__"):
         # array_api_strict and any other namespace that declares compliance.
         return xp
     raise TypeError(f"{_XP_EXPECTED}, got the module {xp.__name__}")
 
 
-@functools.cache
 def backend_for(xp: ModuleType) -> Backend:
     """The :class:`Backend` (library-specific operations) for namespace ``xp``."""
+    given, found = _BACKENDS.get(xp.__name__, (None, None))
+    if given is not xp:
+        found = _backend_for(xp)
+        _BACKENDS[xp.__name__] = (xp, found)
+    return found
+
+
+#: Namespace name -> (the namespace, its Backend); a dict for torch.compile's sake.
+_BACKENDS: dict[str, tuple[ModuleType, Backend]] = {}
+
+
+def _backend_for(xp: ModuleType) -> Backend:
     if array_api_compat.is_torch_namespace(xp):
         from . import _torch
 

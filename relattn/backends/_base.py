@@ -55,6 +55,12 @@ class Backend:
     jit : callable
         ``fn -> fn`` compiled by the library's tracing jit (``jax.jit``), or
         ``fn`` itself.
+    fused_attention : callable or None
+        ``(q, k, v, *, bias, mask, scale) -> out or None``: the library's own
+        attention kernel for ``softmax(q kᵀ · scale + bias, mask) v`` with
+        relattn's semantics (fully masked rows are zero), or ``None`` where the
+        inputs do not fit it. ``None`` (the field) where the library has none
+        worth using; relattn then runs the generic array-API path.
     """
 
     name: str
@@ -66,3 +72,4 @@ class Backend:
     to_host: Callable[[Any], Any] = _host_copy
     materialize: Callable[[Any], Any] = _identity
     jit: Callable[[Any], Any] = _identity
+    fused_attention: Callable[..., Any] | None = None

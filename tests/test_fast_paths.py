@@ -1,0 +1,225 @@
+"""Every fast path against the generic array-API path it replaces.
+
+- ``shift(..., masked=True)``, the one-column Transformer-XL pad, against the
+  zero-filled shift on every cell a causal mask keeps, on every backend;
+- ``attend`` (a backend's fused attention kernel where it has one: torch
+  ``scaled_dot_product_attention``; cuDNN through ``jax.nn.dot_product_attention``
+  on a GPU) against ``attend_generic``: values, dtype, device and gradients,
+  with and without bias and mask, broadcast leading dimensions and fully
+  masked rows;
+- the JAX adapter, run with ``implementation="xla"`` so that it is checked on
+  the CPU too;
+- the public functions with the fused kernel switched off, so that both ways
+  through ``relative_attention`` and ``scaled_dot_product_attention`` are
+  compared end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import TOLERANCES
+
+import relattn
+import relattn.attention
+from relattn.attention import attend, attend_generic
+from relattn.backends import backend_for
+from relattn.shift import shift
+
+SHAPES = [(1, 1), (1, 6), (3, 3), (3, 7), (6, 3), (5, 5), (8, 13)]
+
+
+@pytest.mark.parametrize(("lq", "lk"), SHAPES)
+def test_masked_shift_equals_shift_where_the_causal_mask_keeps(backend, lq, lk, rng):
+    x = rng.normal(size=(2, 3, lq, lk))
+    xp = backend.xp
+    fast = backend.to_numpy(shift(backend.asarray(x), lk, xp, masked=True))
+    plain = backend.to_numpy(shift(backend.asarray(x), lk, xp))
+    keep = backend.to_numpy(relattn.causal_mask(lq, lk, xp=backend.lib, device=backend.device))
+    assert fast.shape == plain.shape == (2, 3, lq, lk)
+    np.testing.assert_array_equal(np.where(keep, fast, 0), np.where(keep, plain, 0))
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(3, 7), (5, 5)])
+def test_masked_shift_of_the_full_layout_is_the_plain_shift(backend, lq, lk, rng):
+    x = backend.asarray(rng.normal(size=(2, lq, lq + lk - 1)))
+    xp = backend.xp
+    np.testing.assert_array_equal(
+        backend.to_numpy(shift(x, lk, xp, masked=True)), backend.to_numpy(shift(x, lk, xp))
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Fused attention kernels
+# --------------------------------------------------------------------------------------------
+
+
+def _fused_or_skip(backend):
+    fused = backend_for(backend.xp).fused_attention
+    if fused is None:
+        pytest.skip(f"{backend.name} has no fused attention kernel: the generic path is all")
+    return fused
+
+
+def _attention_inputs(rng, case, dv=6):
+    """q, k, v (B=2, H=3), bias and mask for one named case; row 1 of batch 0 fully masked."""
+    lq, lk, d = 5, 7, 8
+    q, k = rng.normal(size=(2, 3, lq, d)), rng.normal(size=(2, 3, lk, d))
+    v = rng.normal(size=(2, 3, lk, dv))
+    bias = rng.normal(size=(lq, lk)) if "bias" in case else None
+    mask = None
+    if "mask" in case:
+        mask = rng.random((2, 1, lq, lk)) < 0.6
+        mask[..., 0] = True
+        mask[0, 0, 1] = False
+    if "broadcast" in case:
+        k, v = k[:1], v[:1]
+    return q, k, v, bias, mask
+
+
+CASES = ["plain", "bias", "mask", "bias+mask", "bias+mask+broadcast"]
+
+
+def _to_backend(backend, dtype, arrays):
+    return [
+        None if a is None else backend.asarray(a, dtype if a.dtype.kind == "f" else None)
+        for a in arrays
+    ]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("fdtype", ["float16", "bfloat16", "float32", "float64"])
+def test_attend_fused_equals_generic(backend, fdtype, case, rng):
+    _fused_or_skip(backend)
+    backend.dtype(fdtype)
+    q, k, v, bias, mask = _to_backend(backend, fdtype, _attention_inputs(rng, case))
+    fast = attend(q, k, v, bias, mask, 0.4, backend.xp)
+    plain = attend_generic(q, k, v, bias, mask, 0.4, backend.xp)
+    assert fast.dtype == plain.dtype
+    assert fast.shape == plain.shape
+    assert backend.array_module_of(fast)
+    got, want = backend.to_numpy(fast), backend.to_numpy(plain)
+    np.testing.assert_allclose(got, want, **TOLERANCES[fdtype])
+    if mask is not None:
+        assert not np.isnan(got).any()
+        np.testing.assert_array_equal(got[0, :, 1], 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_attend_fused_gradients_equal_generic(backend, case, rng):
+    _fused_or_skip(backend)
+    if not backend.is_torch:
+        pytest.skip(f"{backend.name}: the fused gradient test is written for torch autograd")
+    arrays = _to_backend(backend, "float64", _attention_inputs(rng, case))
+    grads = []
+    for fn in (attend, attend_generic):
+        leaves = [None if a is None else a.detach().clone().requires_grad_() for a in arrays[:4]]
+        leaves.append(arrays[4])  # the boolean mask
+        out = fn(*leaves, 0.4, backend.xp)
+        out.pow(2).sum().backward()
+        grads.append([None if a is None else backend.to_numpy(a.grad) for a in leaves[:4]])
+    for fast, plain in zip(*grads, strict=True):
+        if plain is not None:
+            np.testing.assert_allclose(fast, plain, rtol=1e-10, atol=1e-12)
+            assert not np.isnan(fast).any()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_jax_dot_product_attention_adapter_equals_generic(case, rng):
+    """The cuDNN route's adapter, run with JAX's XLA implementation on whatever device."""
+    jnp = pytest.importorskip("jax.numpy")
+    from relattn.backends._jax import dot_product_attention
+
+    args = [None if a is None else jnp.asarray(a, jnp.float32 if a.dtype.kind == "f" else None)
+            for a in _attention_inputs(rng, case, dv=8)]  # fmt: skip
+    q, k, v, bias, mask = args
+    fast = dot_product_attention(q, k, v, bias=bias, mask=mask, scale=0.4, implementation="xla")
+    if "broadcast" in case:
+        assert fast is None  # JAX wants one batch size: relattn's generic path runs
+        return
+    plain = attend_generic(q, k, v, bias, mask, 0.4, jnp)
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(plain), **TOLERANCES["float32"])
+
+
+def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    from relattn.backends._jax import dot_product_attention
+
+    def call(*shapes):
+        q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in shapes)
+        return dot_product_attention(q, k, v, bias=None, mask=None, scale=1.0)
+
+    assert call((5, 8), (7, 8), (7, 8)) is None  # not (B, H, L, d)
+    assert call((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4)) is None  # d_v != d
+
+
+@pytest.fixture
+def generic_only(monkeypatch):
+    """relattn.attention with every backend's fused kernel switched off."""
+    real = relattn.attention.backend_for
+
+    def without_fused(xp):
+        return dataclasses.replace(real(xp), fused_attention=None)
+
+    monkeypatch.setattr(relattn.attention, "backend_for", without_fused)
+
+
+def _relative_call(backend, rng, layout, with_mask):
+    lq, lk, d = 4, 9, 8
+    width = lk if layout == "causal" else lq + lk - 1
+    q = backend.asarray(rng.normal(size=(2, 3, lq, d)), "float64")
+    k = backend.asarray(rng.normal(size=(2, 3, lk, d)), "float64")
+    v = backend.asarray(rng.normal(size=(2, 3, lk, 5)), "float64")
+    table = backend.asarray(rng.normal(size=(3, width, d)), "float64")
+    u = backend.asarray(rng.normal(size=(3, 1, d)), "float64")
+    pos = backend.asarray(rng.normal(size=(3, 1, d)), "float64")
+    mask = None
+    if with_mask:
+        m = rng.random((2, 1, lq, lk)) < 0.7
+        m[0, 0, 2] = False
+        mask = backend.asarray(m)
+
+    def call():
+        return relattn.relative_attention(
+            q, k, v, table, content_bias=u, position_bias=pos, mask=mask
+        )
+
+    return call
+
+
+@pytest.mark.parametrize("layout", ["causal", "full"])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_relative_attention_fast_equals_generic(backend, layout, with_mask, rng, request):
+    _fused_or_skip(backend)
+    call = _relative_call(backend, rng, layout, with_mask)
+    fast = backend.to_numpy(call())
+    request.getfixturevalue("generic_only")
+    plain = backend.to_numpy(call())
+    np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
+
+
+def test_scaled_dot_product_attention_fast_equals_generic(backend, rng, request):
+    _fused_or_skip(backend)
+    q, k, v, bias, mask = _to_backend(backend, "float64", _attention_inputs(rng, "bias+mask"))
+
+    def call():
+        return relattn.scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
+
+    fast = backend.to_numpy(call())
+    request.getfixturevalue("generic_only")
+    plain = backend.to_numpy(call())
+    np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
+    np.testing.assert_array_equal(fast[0, :, 1], 0)
+
+
+def test_scale_multiplies_queries_like_scores(backend, rng):
+    """The generic path scales q before the product: the same as scaling the scores."""
+    q, k, v, bias, mask = _to_backend(backend, "float64", _attention_inputs(rng, "bias"))
+    got = backend.to_numpy(attend_generic(q, k, v, bias, mask, 0.25, backend.xp))
+    qn, kn, vn = (backend.to_numpy(a) for a in (q, k, v))
+    scores = qn @ np.swapaxes(kn, -1, -2) * 0.25 + backend.to_numpy(bias)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want = weights / weights.sum(-1, keepdims=True) @ vn
+    np.testing.assert_allclose(got, want, **TOLERANCES["float64"])
