@@ -287,11 +287,12 @@ def relative_attention(
         _checks.cast(xp, a, dtype) for a in (q, k, v, position_table, content_bias, position_bias)
     )
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    causal = width == lk and width != lq + lk - 1
-    # Terms (b) + (d), scaled: the causal layout's δ > 0 cells are masked below,
-    # so the shift may leave other rows' values there.
-    position = position_term(q, pos_bias, table, lk, xp, scale=scale, masked=causal)
-    if causal:
+    # Terms (b) + (d), scaled. In the causal layout (W = Lk) the absent cells
+    # δ > 0 are -inf: the position term is then the causal mask as well.
+    position = position_term(q, pos_bias, table, lk, xp, scale=scale, fill=-math.inf)
+    if width != lq + lk - 1 and lq > lk:
+        # The first Lq - Lk queries have no key at all: the mask keeps their rows
+        # zero whatever the fused kernel makes of a row of -inf.
         blocked = causal_mask(lq, lk, xp=xp, device=array_api_compat.device(q))
         mask = blocked if mask is None else mask & blocked
     # Terms (a) + (c) and the softmax: attention with the position term as a bias.

@@ -116,19 +116,19 @@ def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) ->
 
 def position_term(
     q: Any, bias: Any, table: Any, key_length: int, xp: Any, *, scale: float = 1.0,
-    masked: bool = False,
+    fill: float = 0.0,
 ) -> Any:  # fmt: skip
     """``rel_shift((q + bias) · scale · tableᵀ, Lk)`` on checked, cast inputs.
 
-    The scale multiplies ``q`` (``Lq·d`` elements), not the scores. With
-    ``masked=True`` the causal layout's ``δ > 0`` cells are left unspecified
-    (see :func:`relattn.shift.shift`).
+    The scale multiplies ``q`` (``Lq·d`` elements), not the scores. ``fill``
+    is the value of the causal layout's ``δ > 0`` cells (see
+    :func:`relattn.shift.shift`).
     """
     if bias is not None:
         q = q + bias
     if scale != 1.0:
         q = q * scale
-    return shift(q @ xp.matrix_transpose(table), key_length, xp, masked=masked)
+    return shift(q @ xp.matrix_transpose(table), key_length, xp, fill=fill)
 
 
 def dot_product_scores(q: Any, k: Any) -> Any:

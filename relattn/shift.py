@@ -21,31 +21,20 @@ from . import _checks
 __all__ = ["rel_shift", "rel_unshift"]
 
 
-def _pad_last(x: Any, before: int, after: int, xp: Any) -> Any:
-    if before == 0 and after == 0:
-        return x
-    return xpx.pad(x, [(0, 0)] * (x.ndim - 1) + [(before, after)], xp=xp)
-
-
-def shift(x: Any, key_length: int, xp: Any, *, masked: bool = False) -> Any:
+def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
     """:func:`rel_shift` without argument checks; ``x.shape[-1]`` is ``Lk`` or ``Lq + Lk - 1``.
 
-    ``masked=True`` promises that the caller masks the cells with ``δ > 0``. In
-    the causal layout those cells then hold other rows' values instead of
-    zeros, and the shift costs one ``(Lq, Lk + 1)`` copy instead of an
-    ``(Lq, Lq + Lk - 1)`` one (Dai et al. 2019's own one-column pad).
+    ``fill`` is the value of the causal layout's absent cells (``δ > 0``):
+    ``-inf`` turns the result into a causally masked additive bias, so that the
+    caller needs no boolean mask and no separate masking pass.
     """
     *batch, lq, width = x.shape
     full = lq + key_length - 1
-    if masked and width == key_length and width != full:
-        # One zero column in front: [i, m] moves to flat i·(Lk + 1) + m + 1. Reading
-        # rows of stride Lk from flat offset Lq finds [i, j - i + Lq - 1] at (i, j)
-        # for every δ = j - (i + Lk - Lq) <= 0; cells with δ > 0 wrap to row i + 1.
-        zeros = xp.zeros((*batch, lq, 1), dtype=x.dtype, device=array_api_compat.device(x))
-        flat = xp.reshape(xp.concat((zeros, x), axis=-1), (*batch, lq * (width + 1)))
-        return xp.reshape(flat[..., lq : lq + lq * width], (*batch, lq, width))
-    # Causal layout: the missing columns δ = 1 … Lq - 1 are zeros.
-    x = _pad_last(x, 0, full - width, xp)
+    if width != full:
+        # Causal layout: append the missing columns δ = 1 … Lq - 1.
+        device = array_api_compat.device(x)
+        absent = xp.full((*batch, lq, full - width), fill, dtype=x.dtype, device=device)
+        x = xp.concat((x, absent), axis=-1)
     if lq == 1:
         return x
     # Element [i, j - i + Lq - 1] sits at flat index i·(W - 1) + j + Lq - 1.

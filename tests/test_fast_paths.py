@@ -1,7 +1,7 @@
 """Every fast path against the generic array-API path it replaces.
 
-- ``shift(..., masked=True)``, the one-column Transformer-XL pad, against the
-  zero-filled shift on every cell a causal mask keeps, on every backend;
+- ``shift(..., fill=-inf)``, the causal layout as a masked bias, against the
+  zero-filled shift and the causal mask, on every backend;
 - ``attend`` (a backend's fused attention kernel where it has one: torch
   ``scaled_dot_product_attention``; cuDNN through ``jax.nn.dot_product_attention``
   on a GPU) against ``attend_generic``: values, dtype, device and gradients,
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -32,22 +33,23 @@ SHAPES = [(1, 1), (1, 6), (3, 3), (3, 7), (6, 3), (5, 5), (8, 13)]
 
 
 @pytest.mark.parametrize(("lq", "lk"), SHAPES)
-def test_masked_shift_equals_shift_where_the_causal_mask_keeps(backend, lq, lk, rng):
+def test_shift_filled_with_minus_inf_is_the_masked_shift(backend, lq, lk, rng):
+    """``fill=-inf`` (relative_attention's causal bias) against the zero-filled shift."""
     x = rng.normal(size=(2, 3, lq, lk))
     xp = backend.xp
-    fast = backend.to_numpy(shift(backend.asarray(x), lk, xp, masked=True))
+    filled = backend.to_numpy(shift(backend.asarray(x), lk, xp, fill=-math.inf))
     plain = backend.to_numpy(shift(backend.asarray(x), lk, xp))
     keep = backend.to_numpy(relattn.causal_mask(lq, lk, xp=backend.lib, device=backend.device))
-    assert fast.shape == plain.shape == (2, 3, lq, lk)
-    np.testing.assert_array_equal(np.where(keep, fast, 0), np.where(keep, plain, 0))
+    assert filled.shape == plain.shape == (2, 3, lq, lk)
+    np.testing.assert_array_equal(filled, np.where(keep, plain, -np.inf))
 
 
 @pytest.mark.parametrize(("lq", "lk"), [(3, 7), (5, 5)])
-def test_masked_shift_of_the_full_layout_is_the_plain_shift(backend, lq, lk, rng):
+def test_fill_does_not_touch_the_full_layout(backend, lq, lk, rng):
     x = backend.asarray(rng.normal(size=(2, lq, lq + lk - 1)))
     xp = backend.xp
     np.testing.assert_array_equal(
-        backend.to_numpy(shift(x, lk, xp, masked=True)), backend.to_numpy(shift(x, lk, xp))
+        backend.to_numpy(shift(x, lk, xp, fill=-math.inf)), backend.to_numpy(shift(x, lk, xp))
     )
 
 

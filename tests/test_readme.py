@@ -23,3 +23,12 @@ def test_readme_python_block_runs(index):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
     exec(compile(python_blocks()[index], f"README.md python block {index}", "exec"), {})
+
+
+def test_readme_performance_table_is_the_generated_one():
+    """README's Performance table is ``asv_bench/compare-results.md`` as compare.py wrote it."""
+    generated = (README.parent / "asv_bench" / "compare-results.md").read_text()
+    text = README.read_text()
+    start, end = "<!-- compare-results: start -->\n", "<!-- compare-results: end -->"
+    embedded = text[text.index(start) + len(start) : text.index(end)]
+    assert embedded.strip() == generated.strip(), "run: python asv_bench/sync_readme.py"

@@ -10,6 +10,12 @@ raises ``NotImplementedError`` in ``setup``, which asv reports as skipped.
 ``RELATTN_BENCH_QUICK=1`` keeps ``Lq = 128`` only and runs fewer repeats in
 the ``track_*`` ratios: the CI smoke run (see ``asv_bench/README.md``).
 
+A topic module's classes subclass :class:`_Speed` (``time_relattn``,
+``peakmem_relattn``), :class:`_VsNative` (``time_native``,
+``track_ratio_to_native``) and :class:`_GPUMemory` (``track_gpu_peak_bytes``,
+``track_native_gpu_peak_bytes``), giving only their ``params`` and a
+``calls`` method that builds the relattn call and the native one.
+
 The array libraries are imported here, once, when asv's forkserver imports the
 benchmark suite, so that the forked benchmark processes do not each pay for
 ``import torch`` and ``import jax``; importing JAX does not start its runtime
@@ -304,3 +310,104 @@ def median_ratio(
         theirs.append(timed(baseline, backend))
     a, b = statistics.median(ours), statistics.median(theirs)
     return a / b, a, b
+
+
+# -- the benchmark classes every topic shares ----------------------------
+# Their names start with "_": asv's discovery skips such module attributes, so
+# these are collected only through the public topic classes that subclass them
+# (asv lists a class's benchmarks with ``inspect.getmembers``, inherited
+# methods included, and names them after the subclass).
+
+
+class _Topic:
+    """One relattn function and, where there is one, its native baseline, on one backend.
+
+    A topic class gives ``params`` and ``param_names`` (the first parameter
+    is always ``backend``, a name in :data:`BACKENDS`) and :meth:`calls`; the
+    base classes below add ``setup`` and the measurements.
+    """
+
+    params = [BACKENDS, QUERY_LENGTHS]
+    param_names = ["backend", "query_length"]
+    timeout = 300
+
+    def calls(
+        self, backend: Backend, *params: Any, with_native: bool
+    ) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
+        """``(relattn call, native call or None)``, both without arguments, on ``backend``.
+
+        ``params`` are the benchmark's parameters after ``backend``. The native
+        call is ``None`` unless ``with_native``; ``NotImplementedError`` where
+        the backend or the function is missing, which asv reports as skipped.
+        """
+        # TypeError, not NotImplementedError: asv would report the latter as a skip.
+        raise TypeError(f"{type(self).__name__} does not define calls()")
+
+
+class _Speed(_Topic):
+    """Speed and host peak memory of relattn on every backend."""
+
+    def setup(self, backend: str, *params: Any) -> None:
+        self.backend = get_backend(backend)
+        self.ours, _ = self.calls(self.backend, *params, with_native=False)
+        self.backend.ready(self.ours())  # compile (jax.jit) and touch the memory once
+
+    def time_relattn(self, *params: Any) -> None:
+        self.backend.ready(self.ours())
+
+    def peakmem_relattn(self, *params: Any) -> None:
+        self.backend.ready(self.ours())
+
+
+class _VsNative(_Topic):
+    """relattn against the same algorithm written in the library's own API (:mod:`native`).
+
+    ``setup`` first asserts that the two agree on small inputs
+    (:func:`native.check`); Dask has no native code and is skipped.
+    """
+
+    params = [BACKENDS, RATIO_LENGTHS]
+    #: The unit of ``track_ratio_to_native``: asv looks for ``unit`` on the
+    #: method and then on the class, so a topic can name its baseline here
+    #: (``time_*`` benchmarks are in seconds whatever this says).
+    unit = "relattn/native"
+
+    def setup(self, backend: str, *params: Any) -> None:
+        # native.py imports this module at its top: import it only when needed.
+        from . import native
+
+        self.backend = get_backend(backend)
+        native.check(backend)
+        self.ours, self.theirs = self.calls(self.backend, *params, with_native=True)
+        self.backend.ready(self.theirs())
+
+    def time_native(self, *params: Any) -> None:
+        self.backend.ready(self.theirs())
+
+    def track_ratio_to_native(self, *params: Any) -> float:
+        """Median time of relattn over median time of the native code, side by side."""
+        return median_ratio(self.ours, self.theirs, self.backend)[0]
+
+
+class _GPUMemory(_Topic):
+    """Peak device memory of one call, relattn and native (GPU backends only)."""
+
+    params = [GPU_BACKENDS, QUERY_LENGTHS]
+
+    def setup(self, backend: str, *params: Any) -> None:
+        self.backend = get_backend(backend)
+        self.ours, self.theirs = self.calls(self.backend, *params, with_native=True)
+        self.backend.ready(self.ours())
+        self.backend.ready(self.theirs())
+
+    def track_gpu_peak_bytes(self, *params: Any) -> int:
+        """Bytes relattn's call allocates on the device at its peak."""
+        return self.backend.gpu_peak_bytes(self.ours)
+
+    track_gpu_peak_bytes.unit = "bytes"
+
+    def track_native_gpu_peak_bytes(self, *params: Any) -> int:
+        """Bytes the native call allocates on the device at its peak."""
+        return self.backend.gpu_peak_bytes(self.theirs)
+
+    track_native_gpu_peak_bytes.unit = "bytes"

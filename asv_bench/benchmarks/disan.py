@@ -9,6 +9,8 @@ this attention.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import common
@@ -31,21 +33,10 @@ def _forward(h, query_weight, key_weight, bias):
     return multi_dimensional_attention(h, query_weight, key_weight, bias, direction="forward")
 
 
-class MultiDimensionalAttention:
-    params = [common.BACKENDS, common.QUERY_LENGTHS]
-    param_names = ["backend", "query_length"]
-    timeout = 300
+class MultiDimensionalAttention(common._Speed):
+    """Speed and host peak memory of relattn on every backend (no native baseline)."""
 
-    def setup(self, backend, query_length):
-        common.skip_on_cpu_from(backend, query_length, 2048)
-        self.backend = common.get_backend(backend)
-        arrays = common.on(self.backend, _inputs(query_length))
-        fn = self.backend.jit(_forward)
-        self.call = lambda: fn(**arrays)
-        self.backend.ready(self.call())
-
-    def time_multi_dimensional_attention(self, backend, query_length):
-        self.backend.ready(self.call())
-
-    def peakmem_multi_dimensional_attention(self, backend, query_length):
-        self.backend.ready(self.call())
+    def calls(self, backend, query_length, with_native):
+        common.skip_on_cpu_from(backend.name, query_length, 2048)
+        arrays = common.on(backend, _inputs(query_length))
+        return functools.partial(backend.jit(_forward), **arrays), None

@@ -9,6 +9,8 @@ count the whole table would be a compile-time constant).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import common
@@ -22,22 +24,12 @@ def _encode(positions):
     return sinusoidal_position_encoding(positions, D_MODEL, layout="concatenated")
 
 
-class SinusoidalPositionEncoding:
-    params = [common.BACKENDS, common.QUERY_LENGTHS]
-    param_names = ["backend", "query_length"]
+class SinusoidalPositionEncoding(common._Speed):
+    """Speed and host peak memory of relattn on every backend (no native baseline)."""
+
     timeout = 120
 
-    def setup(self, backend, query_length):
-        self.backend = common.get_backend(backend)
+    def calls(self, backend, query_length, with_native):
         lk = common.key_length(query_length)
         distances = np.arange(lk - 1, -query_length, -1, dtype=np.float32)  # i - j, W of them
-        positions = self.backend.asarray(distances)
-        fn = self.backend.jit(_encode)
-        self.call = lambda: fn(positions)
-        self.backend.ready(self.call())
-
-    def time_sinusoidal_position_encoding(self, backend, query_length):
-        self.backend.ready(self.call())
-
-    def peakmem_sinusoidal_position_encoding(self, backend, query_length):
-        self.backend.ready(self.call())
+        return functools.partial(backend.jit(_encode), backend.asarray(distances)), None

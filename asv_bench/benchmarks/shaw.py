@@ -7,6 +7,7 @@ tensors per pair) written in each library, and host memory through
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -24,63 +25,31 @@ def _shaw_memory():
     return module
 
 
-def _calls(backend: common.Backend, query_length: int, with_native: bool):
-    arrays = common.on(backend, common.shaw_inputs(query_length))
-    args = tuple(arrays[name] for name in _NAMES)
-    fn = native.relattn_function("shaw_attention", backend)
+class _Shaw(common._Topic):
+    """relattn's Shaw attention and tensor2tensor's on the same arrays."""
 
-    def ours():
-        return fn(*args)
-
-    theirs = None
-    if with_native:
-        baseline = native.native("shaw_attention", backend)
-
-        def theirs():
-            return baseline(*args)
-
-    return ours, theirs
+    def calls(self, backend, query_length, with_native):
+        arrays = common.on(backend, common.shaw_inputs(query_length))
+        args = tuple(arrays[name] for name in _NAMES)
+        ours = functools.partial(native.relattn_function("shaw_attention", backend), *args)
+        if not with_native:
+            return ours, None
+        return ours, functools.partial(native.native("shaw_attention", backend), *args)
 
 
-class ShawAttention:
+class ShawAttention(_Shaw, common._Speed):
     """Speed and host peak memory of relattn on every backend (K = 16, tables shared by heads)."""
 
-    params = [common.BACKENDS, common.QUERY_LENGTHS]
-    param_names = ["backend", "query_length"]
-    timeout = 300
 
-    def setup(self, backend, query_length):
-        self.backend = common.get_backend(backend)
-        self.ours, _ = _calls(self.backend, query_length, with_native=False)
-        self.backend.ready(self.ours())
+class ShawVsMaterialised(_Shaw, common._VsNative):
+    """relattn (shifted, O(W·d) tables) against tensor2tensor's (Lq, Lk, d) tensors.
 
-    def time_shaw_attention(self, backend, query_length):
-        self.backend.ready(self.ours())
+    The native code is tensor2tensor's ``dot_product_attention_relative``:
+    ``time_native`` and ``track_ratio_to_native`` time the materialised
+    algorithm.
+    """
 
-    def peakmem_shaw_attention(self, backend, query_length):
-        self.backend.ready(self.ours())
-
-
-class ShawVsMaterialised:
-    """relattn (shifted, O(W·d) tables) against tensor2tensor's (Lq, Lk, d) tensors."""
-
-    params = [common.BACKENDS, common.RATIO_LENGTHS]
-    param_names = ["backend", "query_length"]
-    timeout = 300
-
-    def setup(self, backend, query_length):
-        self.backend = common.get_backend(backend)
-        native.check(backend)
-        self.ours, self.theirs = _calls(self.backend, query_length, with_native=True)
-        self.backend.ready(self.theirs())
-
-    def time_materialised(self, backend, query_length):
-        self.backend.ready(self.theirs())
-
-    def track_ratio_to_materialised(self, backend, query_length):
-        return common.median_ratio(self.ours, self.theirs, self.backend)[0]
-
-    track_ratio_to_materialised.unit = "relattn/tensor2tensor"
+    unit = "relattn/tensor2tensor"
 
 
 class ShawHostMemory:

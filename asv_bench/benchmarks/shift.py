@@ -9,6 +9,8 @@ pad-and-reshape) always copies.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import common, native
@@ -23,57 +25,44 @@ def _scores(query_length: int, layout: str) -> np.ndarray:
     return common.normal(rng, common.BATCH, common.HEADS, query_length, width)
 
 
-class RelShift:
-    params = [common.BACKENDS, common.QUERY_LENGTHS, LAYOUTS]
+class _RelShift(common._Topic):
+    """relattn's ``rel_shift`` and Transformer-XL's ``_rel_shift`` on the same scores."""
+
     param_names = ["backend", "query_length", "layout"]
-    timeout = 300
+
+    def calls(self, backend, query_length, layout, with_native):
+        x = backend.asarray(_scores(query_length, layout), batched=True)
+        lk = common.key_length(query_length)
+        ours = functools.partial(native.relattn_function("rel_shift", backend), x, key_length=lk)
+        if not with_native:
+            return ours, None
+        return ours, functools.partial(native.native("rel_shift", backend), x, key_length=lk)
+
+
+class RelShift(_RelShift, common._Speed):
+    """Speed and host peak memory of ``rel_shift``, and speed of ``rel_unshift``.
+
+    ``time_relattn`` and ``peakmem_relattn`` call ``rel_shift``;
+    ``time_rel_unshift`` calls ``rel_unshift`` on a contiguous copy of the
+    shifted scores.
+    """
+
+    params = [common.BACKENDS, common.QUERY_LENGTHS, LAYOUTS]
 
     def setup(self, backend, query_length, layout):
-        self.backend = common.get_backend(backend)
-        x = self.backend.asarray(_scores(query_length, layout), batched=True)
-        lk = common.key_length(query_length)
-        shift = native.relattn_function("rel_shift", self.backend)
-        unshift = native.relattn_function("rel_unshift", self.backend)
-        self.shift = lambda: shift(x, key_length=lk)
-        shifted = self.backend.asarray(
-            np.ascontiguousarray(self.backend.to_numpy(self.shift())), batched=True
+        super().setup(backend, query_length, layout)
+        shifted = self.backend.to_numpy(self.ours())
+        shifted = self.backend.asarray(np.ascontiguousarray(shifted), batched=True)
+        self.unshift = functools.partial(
+            native.relattn_function("rel_unshift", self.backend), shifted
         )
-        self.unshift = lambda: unshift(shifted)
-        self.backend.ready(self.shift())
         self.backend.ready(self.unshift())
-
-    def time_rel_shift(self, backend, query_length, layout):
-        self.backend.ready(self.shift())
 
     def time_rel_unshift(self, backend, query_length, layout):
         self.backend.ready(self.unshift())
 
-    def peakmem_rel_shift(self, backend, query_length, layout):
-        self.backend.ready(self.shift())
 
-
-class RelShiftVsNative:
+class RelShiftVsNative(_RelShift, common._VsNative):
     """relattn's flat-stride shift against Transformer-XL's pad-and-reshape ``_rel_shift``."""
 
     params = [common.BACKENDS, common.RATIO_LENGTHS, LAYOUTS]
-    param_names = ["backend", "query_length", "layout"]
-    timeout = 300
-
-    def setup(self, backend, query_length, layout):
-        self.backend = common.get_backend(backend)
-        native.check(backend)
-        x = self.backend.asarray(_scores(query_length, layout), batched=True)
-        lk = common.key_length(query_length)
-        shift = native.relattn_function("rel_shift", self.backend)
-        baseline = native.native("rel_shift", self.backend)
-        self.ours = lambda: shift(x, key_length=lk)
-        self.theirs = lambda: baseline(x, key_length=lk)
-        self.backend.ready(self.theirs())
-
-    def time_native(self, backend, query_length, layout):
-        self.backend.ready(self.theirs())
-
-    def track_ratio_to_native(self, backend, query_length, layout):
-        return common.median_ratio(self.ours, self.theirs, self.backend)[0]
-
-    track_ratio_to_native.unit = "relattn/native"
