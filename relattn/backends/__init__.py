@@ -87,12 +87,20 @@ def namespace_of_module(xp: Any) -> ModuleType:
         import numpy as xp
     if not isinstance(xp, ModuleType):
         raise TypeError(f"{_XP_EXPECTED}, got {xp!r}")
-    # A dict keyed by name, not functools.cache: torch.compile traces a dict look-up
-    # with a string key, but would trace through a cache wrapper into importlib.
-    given, found = _RESOLVED.get(xp.__name__, (None, None))
+    return _per_module(_RESOLVED, xp, _namespace_of_module)
+
+
+def _per_module(cache: dict[str, tuple[ModuleType, Any]], xp: ModuleType, compute: Any) -> Any:
+    """``compute(xp)``, computed once per module and kept in ``cache``.
+
+    A dict keyed by the module's name (checked to be the same module), not
+    ``functools.cache``: torch.compile traces a dict look-up with a string key,
+    but would trace through a cache wrapper, into importlib and with a warning.
+    """
+    given, found = cache.get(xp.__name__, (None, None))
     if given is not xp:
-        found = _namespace_of_module(xp)
-        _RESOLVED[xp.__name__] = (xp, found)
+        found = compute(xp)
+        cache[xp.__name__] = (xp, found)
     return found
 
 
@@ -112,14 +120,10 @@ def _namespace_of_module(xp: ModuleType) -> ModuleType:
 
 def backend_for(xp: ModuleType) -> Backend:
     """The :class:`Backend` (library-specific operations) for namespace ``xp``."""
-    given, found = _BACKENDS.get(xp.__name__, (None, None))
-    if given is not xp:
-        found = _backend_for(xp)
-        _BACKENDS[xp.__name__] = (xp, found)
-    return found
+    return _per_module(_BACKENDS, xp, _backend_for)
 
 
-#: Namespace name -> (the namespace, its Backend); a dict for torch.compile's sake.
+#: Namespace name -> (the namespace, its Backend), filled by :func:`backend_for`.
 _BACKENDS: dict[str, tuple[ModuleType, Backend]] = {}
 
 
