@@ -17,10 +17,18 @@ import array_api_compat
 
 from ._base import Backend
 
-__all__ = ["KNOWN_LIBRARIES", "Backend", "backend_for", "namespace_of_module"]
+__all__ = ["MODULES", "Backend", "backend_for", "load", "namespace_of_module"]
 
-#: The libraries relattn knows by name, as the module a user would pass as ``xp``.
-KNOWN_LIBRARIES = ("numpy", "array_api_strict", "torch", "jax.numpy", "cupy", "dask.array")
+#: Backend name -> the module a user passes as ``xp`` for it: the libraries
+#: relattn is tested on, by the names the demo, the tests and the benchmarks use.
+MODULES = {
+    "numpy": "numpy",
+    "array_api_strict": "array_api_strict",
+    "torch": "torch",
+    "jax": "jax.numpy",
+    "cupy": "cupy",
+    "dask": "dask.array",
+}
 
 
 _XP_EXPECTED = (
@@ -137,7 +145,9 @@ def _backend_for(xp: ModuleType) -> Backend:
 
         return _jax.BACKEND
     if array_api_compat.is_numpy_namespace(xp):
-        return Backend(name="numpy", library="numpy")
+        from . import _numpy
+
+        return _numpy.BACKEND
     if array_api_compat.is_cupy_namespace(xp):
         from . import _cupy
 
@@ -146,4 +156,41 @@ def _backend_for(xp: ModuleType) -> Backend:
         from . import _dask
 
         return _dask.BACKEND
-    return Backend(name=xp.__name__, library=xp.__name__.partition(".")[0])
+    return _generic(xp)
+
+
+def _generic(xp: ModuleType) -> Backend:
+    """A namespace with nothing beyond the standard (array-api-strict and the like)."""
+
+    def from_host(a: Any, device: Any = None, chunks: Any = None) -> Any:
+        import numpy as np
+
+        return xp.asarray(np.array(a, copy=True), device=device)
+
+    def device(kind: str) -> Any:
+        if kind == "cpu":
+            return xp.__array_namespace_info__().default_device()
+        raise LookupError(f"{xp.__name__} has no {kind} device")
+
+    name = xp.__name__
+    return Backend(
+        name=name, library=name.partition(".")[0], module=name, from_host=from_host, device=device
+    )
+
+
+def load(name: str) -> tuple[ModuleType, Backend]:
+    """The library module of backend ``name`` (a key of :data:`MODULES`) and its :class:`Backend`.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not a key of :data:`MODULES`.
+    ImportError
+        If the library is not installed.
+    """
+    if name not in MODULES:
+        raise ValueError(f"backend must be one of {tuple(MODULES)}, got {name!r}")
+    import importlib
+
+    lib = importlib.import_module(MODULES[name])
+    return lib, backend_for(namespace_of_module(lib))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _identity(x: Any) -> Any:
+def _identity(x: Any, *args: Any, **kwargs: Any) -> Any:
     return x
 
 
@@ -26,9 +26,28 @@ def _host_copy(x: Any) -> Any:
     return np.asarray(x) if isinstance(x, np.ndarray) else np.from_dlpack(x)
 
 
+def host_only(library: str) -> Callable[[str], Any]:
+    """``Backend.device`` of a library whose arrays live in host memory only."""
+
+    def device(kind: str) -> Any:
+        if kind == "cpu":
+            return None
+        raise LookupError(f"{library} has no {kind} device: its arrays live in host memory")
+
+    return device
+
+
+_HOST_ONLY = host_only("this library")
+
+
 @dataclass(frozen=True)
 class Backend:
     """Library-specific capabilities and operations.
+
+    relattn's own code, its tests and its benchmarks all use this one record
+    (found with :func:`relattn.backends.backend_for` or
+    :func:`relattn.backends.load`), so that library-specific code lives in
+    :mod:`relattn.backends` only.
 
     Attributes
     ----------
@@ -36,25 +55,42 @@ class Backend:
         Short name of the backend (``"numpy"``, ``"torch"``, ``"jax"`` …).
     library : str
         Import name of the array library, for version look-ups.
-    jit_traceable : bool
-        Functions can be traced with static shapes and compiled (``jax.jit``,
-        ``torch.compile``).
-    writeable : bool
-        Arrays support in-place item assignment.
+    module : str
+        The module a user passes as ``xp=`` (``"numpy"``, ``"torch"``,
+        ``"jax.numpy"``, ``"cupy"``, ``"dask.array"``, ``"array_api_strict"``).
     stop_gradient : callable
         ``x -> x`` cut from the autograd graph (identity where the library has
         no autograd).
     has_values : callable
         ``x -> bool``: the values of ``x`` can be read now (False for JAX
         tracers under a jit and for Dask graphs), so checks may look at them.
+    from_host : callable
+        ``(a, device=None, chunks=None) -> x``: NumPy array ``a`` copied to
+        this library's array on ``device`` (the library's default for
+        ``None``), dtype kept. ``chunks`` is Dask's chunking (one chunk by
+        default) and ignored elsewhere.
     to_host : callable
-        ``x -> numpy.ndarray``: a host copy, waiting for the device or graph.
+        ``x -> numpy.ndarray``: a host copy, waiting for the device or graph
+        (bfloat16 becomes float32).
+    ready : callable
+        ``x -> x`` once its computation has finished: waits for the device
+        (JAX's asynchronous dispatch, a CUDA stream) or computes a Dask graph
+        (returning the NumPy result). For timing.
     materialize : callable
         ``x -> x`` computed now (Dask ``persist``), so that a cache such as a
         segment memory does not drag its whole history along.
     jit : callable
         ``fn -> fn`` compiled by the library's tracing jit (``jax.jit``), or
-        ``fn`` itself.
+        ``fn`` itself where compiling is not the library's default way to run
+        (PyTorch runs eagerly).
+    compile : callable or None
+        ``(fn, **options) -> fn`` compiled whole, with static shapes:
+        ``jax.jit`` or ``torch.compile(fullgraph=True)`` (a graph break is an
+        error); ``None`` where the library has no compiler.
+    device : callable
+        ``kind -> device`` for ``kind`` ``"cpu"`` or ``"gpu"``: the library's
+        device object of that kind (``None`` where the library has a single
+        implicit device), or ``LookupError`` saying why there is none.
     fused_attention : callable or None
         ``(q, k, v, *, bias, mask, scale) -> out or None``: the library's own
         attention kernel for ``softmax(q kᵀ · scale + bias, mask) v`` with
@@ -65,11 +101,14 @@ class Backend:
 
     name: str
     library: str
-    jit_traceable: bool = False
-    writeable: bool = True
+    module: str
     stop_gradient: Callable[[Any], Any] = _identity
     has_values: Callable[[Any], bool] = _always
+    from_host: Callable[..., Any] = _identity
     to_host: Callable[[Any], Any] = _host_copy
+    ready: Callable[[Any], Any] = _identity
     materialize: Callable[[Any], Any] = _identity
     jit: Callable[[Any], Any] = _identity
+    compile: Callable[..., Any] | None = None
+    device: Callable[[str], Any] = _HOST_ONLY
     fused_attention: Callable[..., Any] | None = None

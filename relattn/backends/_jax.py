@@ -19,16 +19,38 @@ def _has_values(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def _from_host(a: Any, device: Any = None, chunks: Any = None) -> Any:
+    import jax
+    import numpy as np
+
+    return jax.device_put(np.array(a, copy=True), device)
+
+
 def _to_host(x: Any) -> Any:
     import numpy as np
 
     return np.asarray(x)
 
 
-def _jit(fn: Any) -> Any:
+def _ready(x: Any) -> Any:
     import jax
 
-    return jax.jit(fn)
+    return jax.block_until_ready(x)
+
+
+def _jit(fn: Any, **options: Any) -> Any:
+    import jax
+
+    return jax.jit(fn, **options)
+
+
+def _device(kind: str) -> Any:
+    import jax
+
+    try:
+        return jax.devices(kind)[0]
+    except RuntimeError:
+        raise LookupError(f"jax has no {kind.upper()} device") from None
 
 
 def dot_product_attention(
@@ -89,11 +111,14 @@ def _fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: flo
 BACKEND = Backend(
     name="jax",
     library="jax",
-    jit_traceable=True,
-    writeable=False,
+    module="jax.numpy",
     stop_gradient=_stop_gradient,
     has_values=_has_values,
+    from_host=_from_host,
     to_host=_to_host,
+    ready=_ready,
     jit=_jit,
+    compile=_jit,
+    device=_device,
     fused_attention=_fused_attention,
 )

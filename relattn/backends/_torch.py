@@ -19,11 +19,44 @@ def _has_values(x: Any) -> bool:
     return not torch.compiler.is_compiling()
 
 
+def _from_host(a: Any, device: Any = None, chunks: Any = None) -> Any:
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.array(a, copy=True)).to(device=device or "cpu")
+
+
 def _to_host(x: Any) -> Any:
     import torch
 
     x = x.detach().cpu()
     return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
+def _ready(x: Any) -> Any:
+    import torch
+
+    if getattr(x, "is_cuda", False):
+        torch.cuda.synchronize(x.device)
+    return x
+
+
+def _compile(fn: Any, **options: Any) -> Any:
+    import torch
+
+    return torch.compile(fn, fullgraph=True, **options)
+
+
+def _device(kind: str) -> Any:
+    import torch
+
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind == "gpu":
+        if not torch.cuda.is_available():
+            raise LookupError("torch has no CUDA device")
+        return torch.device("cuda")
+    raise LookupError(f"unknown device kind {kind!r}")
 
 
 def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
@@ -53,9 +86,13 @@ def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: floa
 BACKEND = Backend(
     name="torch",
     library="torch",
-    jit_traceable=True,
+    module="torch",
     stop_gradient=_stop_gradient,
     has_values=_has_values,
+    from_host=_from_host,
     to_host=_to_host,
+    ready=_ready,
+    compile=_compile,
+    device=_device,
     fused_attention=fused_attention,
 )
