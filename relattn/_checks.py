@@ -7,11 +7,14 @@ argument, what was expected and what was given.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from types import ModuleType
 from typing import Any
 
 import array_api_compat
+import numpy as np
 
 from .backends import namespace_of_module
 
@@ -24,33 +27,43 @@ def _library(x: Any) -> str:
 _NAMESPACE_OF_TYPE: dict[type, ModuleType] = {}
 
 
-def namespace(**arrays: Any) -> ModuleType:
-    """Array-API namespace shared by the named arrays; ``None`` values are skipped.
+def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> ModuleType:
+    """Array-API namespace shared by the named arrays.
 
-    Raises ``TypeError`` naming the argument that is not an array, or the
-    arguments whose libraries differ. The namespace of each array type is
-    looked up once and cached: small calls are dominated by this look-up.
+    Every keyword argument is a required array; ``optional`` holds the
+    arguments that may be ``None`` (skipped when they are). Raises
+    ``TypeError`` naming an argument that is not an array (``None``, a list, a
+    scalar), or the arguments whose libraries differ. The namespace of each
+    array type is looked up once and cached: small calls are dominated by this
+    look-up.
     """
-    given = {name: a for name, a in arrays.items() if a is not None}
-    found = {_NAMESPACE_OF_TYPE.get(type(a)) for a in given.values()}
+    if optional:
+        arrays.update((name, a) for name, a in optional.items() if a is not None)
+    found = {_NAMESPACE_OF_TYPE.get(type(a)) for a in arrays.values()}
     if len(found) == 1 and None not in found:
         return found.pop()
-    for name, a in given.items():
-        if not array_api_compat.is_array_api_obj(a):
-            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    for name, a in arrays.items():
+        array(name, a)
     try:
-        xp = array_api_compat.array_namespace(*given.values())
+        xp = array_api_compat.array_namespace(*arrays.values())
     except TypeError:
-        found_names = ", ".join(f"{name} is a {_library(a)} array" for name, a in given.items())
+        found_names = ", ".join(f"{name} is a {_library(a)} array" for name, a in arrays.items())
         raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
-    types = {type(a) for a in given.values()}
+    types = {type(a) for a in arrays.values()}
     if len(types) == 1:
         _NAMESPACE_OF_TYPE[types.pop()] = xp
     return xp
 
 
+def array(name: str, a: Any) -> None:
+    """``TypeError`` naming ``name`` unless ``a`` is an array of an array-API library."""
+    if not array_api_compat.is_array_api_obj(a) or isinstance(a, (int, float, complex)):
+        what = "None" if a is None else type(a).__name__
+        raise TypeError(f"{name} must be an array, got {what}")
+
+
 def creation_namespace(xp: Any, **arrays: Any) -> ModuleType:
-    """Namespace for a function that takes ``xp=`` and possibly arrays."""
+    """Namespace for a function that takes ``xp=`` and possibly (optional) arrays."""
     given = {name: a for name, a in arrays.items() if a is not None}
     if not given:
         return namespace_of_module(xp)
@@ -72,6 +85,80 @@ def length(name: str, value: Any, *, minimum: int = 1) -> int:
     if n < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {n}")
     return n
+
+
+def flag(name: str, value: Any) -> bool:
+    """A Python (or NumPy) boolean: ``causal="yes"`` must not pass as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def scale(value: Any, d: int, xp: ModuleType) -> Any:
+    """The score scale: ``1/√d`` for ``None``, else a finite real number (or a 0-d array).
+
+    A 0-d real floating array of the inputs' library passes as it is, so that a
+    learned temperature can be traced under a jit.
+    """
+    if value is None:
+        if d == 0:
+            raise ValueError(
+                "q must have a feature size d >= 1 for the default scale 1/√d, got d = 0 "
+                "(pass scale= to attend over zero features)"
+            )
+        return 1.0 / math.sqrt(d)
+    if array_api_compat.is_array_api_obj(value) and not isinstance(value, (int, float)):
+        if isinstance(value, np.generic):
+            value = value.item()
+        else:
+            if value.ndim != 0 or not xp.isdtype(value.dtype, "real floating"):
+                raise TypeError(
+                    f"scale must be a real number or a 0-d real floating array, got an array "
+                    f"of shape {tuple(value.shape)} and dtype {value.dtype}"
+                )
+            if array_api_compat.array_namespace(value) is not xp:
+                raise TypeError(
+                    f"scale must be an array of the inputs' library, got {_library(value)}"
+                )
+            return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"scale must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value}")
+    return value
+
+
+def dtype(name: str, value: Any, xp: ModuleType, kind: str = "real floating") -> Any:
+    """``value`` is a ``kind`` dtype object of ``xp`` (not a string, not another library's)."""
+    library = xp.__name__.removeprefix("array_api_compat.")
+    if isinstance(value, str):
+        raise TypeError(
+            f"{name} must be a dtype object of {library} (e.g. its float32), "
+            f"got the string {value!r}"
+        )
+    try:
+        ok = bool(xp.isdtype(value, kind))
+    except (TypeError, AttributeError, ValueError):
+        raise TypeError(f"{name} must be a {kind} dtype of {library}, got {value!r}") from None
+    if not ok:
+        raise TypeError(f"{name} must be a {kind} dtype, got {value}")
+    return value
+
+
+def axis(name: str, value: Any, ndim: int) -> int:
+    """An axis index of an array with ``ndim`` dimensions, as a non-negative integer."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        index = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if not -ndim <= index < ndim:
+        raise ValueError(
+            f"{name} must be in [-{ndim}, {ndim}) for an array of {ndim} dimensions, got {index}"
+        )
+    return index % ndim
 
 
 def floating(xp: ModuleType, **arrays: Any) -> Any:

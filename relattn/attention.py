@@ -2,65 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import array_api_compat
-
-from . import _checks
-from .backends import backend_for
-from .masks import causal_mask
-from .scores import check_table, position_term
+from . import _checks, core
 
 __all__ = ["masked_softmax", "relative_attention", "scaled_dot_product_attention"]
-
-
-def check_mask(mask: Any, scores_shape: tuple[int, ...], xp: Any) -> None:
-    """``mask`` is boolean and broadcasts to the scores ``(..., Lq, Lk)``."""
-    if mask is not None:
-        _checks.boolean("mask", mask, xp)
-        _checks.broadcastable("mask", mask.shape, scores_shape, "the scores (..., Lq, Lk)")
-
-
-def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
-    """:func:`masked_softmax` without argument checks."""
-    device = array_api_compat.device(scores)
-    if mask is not None:
-        # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
-        # with no overflow in ``scores - peak`` even in float16.
-        scores = xp.where(mask, scores, xp.full((), -math.inf, dtype=scores.dtype, device=device))
-    peak = xp.max(scores, axis=axis, keepdims=True)
-    # A row with no finite score (fully masked, or a -inf bias) would give
-    # inf - inf; shift it by 0 instead, so its weights are exp(-inf) = 0.
-    peak = xp.where(xp.isfinite(peak), peak, xp.zeros((), dtype=scores.dtype, device=device))
-    weights = xp.exp(scores - peak)
-    total = xp.sum(weights, axis=axis, keepdims=True)
-    # A fully masked row sums to 0: divide by 1 so it stays 0, never 0/0.
-    return weights / xp.where(total > 0, total, xp.ones_like(total))
-
-
-def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: float, xp: Any) -> Any:
-    """``softmax(q kᵀ · scale + bias, mask) v`` on inputs already checked and cast.
-
-    The backend's fused kernel runs it where there is one and the inputs fit
-    (:attr:`relattn.backends.Backend.fused_attention`); :func:`attend_generic`
-    is the reference it is tested against.
-    """
-    fused = backend_for(xp).fused_attention
-    if fused is not None:
-        out = fused(q, k, v, bias=bias, mask=mask, scale=scale)
-        if out is not None:
-            return out
-    return attend_generic(q, k, v, bias, mask, scale, xp)
-
-
-def attend_generic(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: float, xp: Any) -> Any:
-    """:func:`attend` in array-API calls only."""
-    # Scaling q, not the scores, saves a pass over the (..., Lq, Lk) array.
-    scores = (q * scale) @ xp.matrix_transpose(k)
-    if bias is not None:
-        scores = scores + bias
-    return softmax(scores, mask, -1, xp) @ v
 
 
 def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
@@ -80,15 +26,23 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
     array, shape and dtype of ``scores``
         ``α_ij = exp(e_ij) / Σ_{j' allowed} exp(e_ij')`` for allowed ``j`` and
         ``0`` for masked ones. A row with no allowed key (or only ``-inf``
-        scores) is all zeros, never NaN, in every dtype.
+        scores) is all zeros, never NaN, in every dtype. An empty ``axis``
+        gives the empty result.
 
     Raises
     ------
     TypeError
-        If ``scores`` is not real floating, ``mask`` is not boolean, or they
-        come from different libraries.
+        If ``scores`` is not a real floating array, ``mask`` is not boolean,
+        ``axis`` is not an integer, or the arrays come from different
+        libraries.
     ValueError
-        If ``mask`` does not broadcast to ``scores``.
+        If ``mask`` does not broadcast to ``scores``, or ``axis`` is out of
+        range.
+
+    See Also
+    --------
+    scaled_dot_product_attention : the softmax applied to ``q kᵀ · scale``.
+    mask_to_bias : an additive bias instead of a boolean mask.
 
     Notes
     -----
@@ -105,26 +59,28 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
     Array([[0.5, 0.5],
            [0. , 0. ]], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(scores=scores, mask=mask)
+    xp = _checks.namespace(scores=scores, optional={"mask": mask})
     _checks.floating(xp, scores=scores)
-    check_mask(mask, tuple(scores.shape), xp)
-    return softmax(scores, mask, axis, xp)
-
-
-def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
-    _checks.query_key(q, k)
-    _checks.ndim("v", v, 2, "(..., Lk, d_v)")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"v must have one row per key, Lk = {k.shape[-2]}, got v of shape {tuple(v.shape)}"
-        )
-    return q.shape[-2], k.shape[-2], q.shape[-1]
+    if scores.ndim == 0:
+        raise ValueError("scores must have at least one dimension, got a 0-d array")
+    axis = _checks.axis("axis", axis, scores.ndim)
+    core.check_mask(mask, tuple(scores.shape), xp)
+    return core.softmax(scores, mask, axis, xp)
 
 
 def scaled_dot_product_attention(
-    q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, scale: Any = None
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    relative_bias: Any = None,
+    causal: bool = False,
+    scale: Any = None,
+    block_size: Any = None,
 ) -> Any:
-    """Scaled dot-product attention with an optional mask and additive bias.
+    """Scaled dot-product attention with optional masks and additive biases.
 
     Parameters
     ----------
@@ -138,50 +94,81 @@ def scaled_dot_product_attention(
         ``True`` = may attend; broadcastable to the scores ``(..., Lq, Lk)``.
     bias : array, real floating, optional
         Added to the scaled scores; broadcastable to ``(..., Lq, Lk)``.
-    scale : float, optional
+    relative_bias : array of shape (..., W), real floating, optional
+        One value per relative distance (T5's bucketed bias, ALiBi's
+        ``m_h·δ``), added to the scaled scores of every pair at that distance:
+        column ``m`` holds ``δ = m - (Lk - 1)``. ``W = Lq + Lk - 1`` (full
+        layout) or ``W = Lk`` (causal layout: keys with ``δ > 0`` are masked).
+        Leading dimensions broadcast with the scores' (one row per head:
+        ``(H, W)``). No ``(Lq, Lk)`` bias is formed from it blockwise.
+    causal : bool, optional
+        Mask the keys after each query (``δ > 0``), without a mask array.
+    scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default.
+    block_size : int, optional
+        Run blockwise with query and key blocks of this size (online softmax,
+        memory ``O(Lq·d + block_size²)`` per head instead of ``O(Lq·Lk)``).
+        Default: dense while the scores fit relattn's memory budget, blockwise
+        beyond it.
 
     Returns
     -------
     array of shape (..., Lq, d_v)
-        ``softmax(q kᵀ · scale + bias, mask) v`` in the promoted input dtype.
-        Queries with no allowed key give zero rows.
+        ``softmax(q kᵀ · scale + bias + b[m(i, j)], mask) v`` in the promoted
+        input dtype. Queries with no allowed key (every key masked, or
+        ``Lk = 0``) give zero rows.
 
     Raises
     ------
     ValueError
         If shapes do not match (``q``/``k`` feature size, ``k``/``v`` length,
-        leading dimensions, ``mask`` or ``bias`` shape).
+        leading dimensions, ``mask``, ``bias`` or ``relative_bias`` shape),
+        ``d = 0`` with the default scale, or ``block_size < 1``.
     TypeError
-        If an input is not real floating, ``mask`` is not boolean, or the
-        arrays come from different libraries.
+        If an input is not a real floating array (``None``, a list), ``mask``
+        is not boolean, ``causal`` is not a bool, ``scale`` is not a real
+        number, or the arrays come from different libraries.
+
+    See Also
+    --------
+    relative_attention : with Transformer-XL's per-distance position term.
+    relative_bias : the ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
+    masked_softmax : the softmax alone.
 
     Notes
     -----
     Vaswani et al. 2017, eq. (1): ``Attention(Q, K, V) = softmax(QKᵀ/√d_k) V``.
+    The per-distance bias is that of T5 (Raffel et al. 2020, §2.1) and ALiBi
+    (Press et al. 2022, §3).
 
     Examples
     --------
     >>> import array_api_strict as xp
-    >>> from relattn import scaled_dot_product_attention, causal_mask
+    >>> from relattn import scaled_dot_product_attention
     >>> q = k = xp.ones((3, 4))
     >>> v = xp.reshape(xp.arange(6.0), (3, 2))
-    >>> scaled_dot_product_attention(q, k, v, mask=causal_mask(3, 3, xp=xp))
+    >>> scaled_dot_product_attention(q, k, v, causal=True)
     Array([[0., 1.],
            [1., 2.],
            [2., 3.]], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(q=q, k=k, v=v, mask=mask, bias=bias)
-    dtype = _checks.floating(xp, q=q, k=k, v=v, bias=bias)
-    lq, lk, d = check_qkv(q, k, v)
+    xp = _checks.namespace(
+        q=q, k=k, v=v, optional={"mask": mask, "bias": bias, "relative_bias": relative_bias}
+    )
+    dtype = _checks.floating(xp, q=q, k=k, v=v, bias=bias, relative_bias=relative_bias)
+    lq, lk, d = core.check_qkv(q, k, v)
     lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
-    scores_shape = (*lead, lq, lk)
-    check_mask(mask, scores_shape, xp)
-    if bias is not None:
-        _checks.broadcastable("bias", bias.shape, scores_shape, "the scores (..., Lq, Lk)")
-    q, k, v, bias = (_checks.cast(xp, a, dtype) for a in (q, k, v, bias))
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    return attend(q, k, v, bias, mask, scale, xp)
+    scale, causal, block_size = core.check_options(
+        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
+        causal=causal, scale=scale, block_size=block_size,
+    )  # fmt: skip
+    q, k, v, bias, relative_bias = (
+        _checks.cast(xp, a, dtype) for a in (q, k, v, bias, relative_bias)
+    )
+    return core.attention(
+        q, k, v, xp, scale=scale, relative_bias=relative_bias, bias=bias, mask=mask,
+        causal=causal, block_size=block_size,
+    )  # fmt: skip
 
 
 def relative_attention(
@@ -193,7 +180,12 @@ def relative_attention(
     content_bias: Any = None,
     position_bias: Any = None,
     mask: Any = None,
+    bias: Any = None,
+    relative_bias: Any = None,
+    value_table: Any = None,
+    causal: bool = False,
     scale: Any = None,
+    block_size: Any = None,
 ) -> Any:
     """Attention with Transformer-XL relative position scores.
 
@@ -206,14 +198,15 @@ def relative_attention(
         (memory first) or any ``Lk`` with the full layout.
     v : array of shape (..., Lk, d_v), real floating
         Values.
-    position_table : array of shape (..., W, d), real floating
+    position_table : array of shape (..., W, d), real floating, or None
         Projected position encodings in the relative layout: row ``m`` encodes
         distance ``δ = m - (Lk - 1)`` (key minus query). ``W = Lk``: the
         causal layout (``δ <= 0``; Transformer-XL's ``r_{i-j}`` for
         ``i - j = -δ = Lk-1 … 0``); keys with ``δ > 0`` are then masked.
         ``W = Lq + Lk - 1``: the full layout (XLNet, Conformer), no implied
         mask. Leading dimensions broadcast with those of ``q`` (one table, or
-        one per head ``(H, W, d)``).
+        one per head ``(H, W, d)``). ``None``: no content-to-position term
+        (T5 or ALiBi through ``relative_bias``, Shaw through ``value_table``).
     content_bias : array, real floating, optional
         ``u``, the global content bias, broadcastable to ``q`` (per head:
         ``u[:, None, :]`` for ``u`` of shape ``(H, d)``).
@@ -222,23 +215,44 @@ def relative_attention(
     mask : array, bool, optional
         ``True`` = may attend; broadcastable to the scores ``(..., Lq, Lk)``;
         combined with the causal-layout mask.
-    scale : float, optional
+    bias : array, real floating, optional
+        Added to the scaled scores; broadcastable to ``(..., Lq, Lk)``.
+    relative_bias : array of shape (..., W), real floating, optional
+        One value per distance, added to the scaled scores (T5, ALiBi), in
+        either layout; see :func:`scaled_dot_product_attention`.
+    value_table : array of shape (..., W, d_v), real floating, optional
+        Shaw et al.'s value representations per distance, in either layout:
+        ``out_i = Σ_j α_ij (v_j + value_table[m(i, j)])``.
+    causal : bool, optional
+        Mask ``δ > 0`` with full-layout inputs too.
+    scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default; TENER uses ``1``.
+    block_size : int, optional
+        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
     array of shape (..., Lq, d_v)
-        ``softmax(A · scale, mask) v`` in the promoted input dtype; queries
-        with no allowed key give zero rows.
+        ``softmax(A · scale + bias + b[m], mask) (v + Vʳ)`` in the promoted
+        input dtype; queries with no allowed key give zero rows.
 
     Raises
     ------
     ValueError
-        If shapes do not match, including a table width ``W`` that fits
-        neither layout or a bias that does not broadcast to ``q``.
+        If shapes do not match, including a table or ``relative_bias`` width
+        ``W`` that fits neither layout, a bias that does not broadcast to
+        ``q``, ``d = 0`` with the default scale, or ``block_size < 1``.
     TypeError
-        If an input is not real floating, ``mask`` is not boolean, or the
+        If an input is not a real floating array, ``mask`` is not boolean,
+        ``causal`` is not a bool, ``scale`` is not a real number, or the
         arrays come from different libraries.
+
+    See Also
+    --------
+    relative_scores : the position term ``(q + v) Rᵀ`` moved to key columns.
+    sinusoidal_position_encoding : the table ``R`` of Transformer-XL and TENER.
+    update_memory : the segment memory that makes ``Lk > Lq``.
+    shaw_attention, disentangled_attention : the other schemes of the same core.
 
     Notes
     -----
@@ -253,7 +267,8 @@ def relative_attention(
     ``(..., Lq, W)``, and moved to key columns by :func:`relattn.rel_shift`
     (appendix B): ``O(Lq·W·d)`` work, no ``(Lq, Lk, d)`` tensor. TENER (Yan et
     al. 2019, eq. (15)–(17)) is this function with the unprojected signed
-    sinusoid as table and ``scale=1``.
+    sinusoid as table and ``scale=1``; Shaw et al. 2018's value term (eq. (3))
+    is ``value_table`` moved back by :func:`relattn.rel_unshift`.
 
     Examples
     --------
@@ -266,34 +281,44 @@ def relative_attention(
     (2, 4)
     """
     xp = _checks.namespace(
-        q=q, k=k, v=v, position_table=position_table,
-        content_bias=content_bias, position_bias=position_bias, mask=mask,
+        q=q, k=k, v=v,
+        optional={
+            "position_table": position_table, "content_bias": content_bias,
+            "position_bias": position_bias, "mask": mask, "bias": bias,
+            "relative_bias": relative_bias, "value_table": value_table,
+        },
     )  # fmt: skip
     dtype = _checks.floating(
-        xp, q=q, k=k, v=v, position_table=position_table,
-        content_bias=content_bias, position_bias=position_bias,
+        xp, q=q, k=k, v=v, position_table=position_table, content_bias=content_bias,
+        position_bias=position_bias, bias=bias, relative_bias=relative_bias,
+        value_table=value_table,
     )  # fmt: skip
-    lq, lk, d = check_qkv(q, k, v)
-    width = check_table("position_table", position_table, lq, lk, d)
-    lead = _checks.broadcast(
-        q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2], position_table=position_table.shape[:-2]
-    )
+    lq, lk, d = core.check_qkv(q, k, v)
+    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
+    if position_table is not None:
+        core.check_table("position_table", position_table, lq, lk, d)
+        leads["position_table"] = position_table.shape[:-2]
+    if value_table is not None:
+        core.check_table("value_table", value_table, lq, lk, v.shape[-1], feature="d_v")
+        leads["value_table"] = value_table.shape[:-2]
+    lead = _checks.broadcast(**leads)
+    if position_bias is not None and position_table is None:
+        raise ValueError("position_bias needs a position_table: it is added to q before q Rᵀ")
     for name, b in (("content_bias", content_bias), ("position_bias", position_bias)):
         if b is not None:
             _checks.broadcastable(name, b.shape, tuple(q.shape), "q")
-    check_mask(mask, (*lead, lq, lk), xp)
-
-    q, k, v, table, u, pos_bias = (
-        _checks.cast(xp, a, dtype) for a in (q, k, v, position_table, content_bias, position_bias)
-    )
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    # Terms (b) + (d), scaled. In the causal layout (W = Lk) the absent cells
-    # δ > 0 are -inf: the position term is then the causal mask as well.
-    position = position_term(q, pos_bias, table, lk, xp, scale=scale, fill=-math.inf)
-    if width != lq + lk - 1 and lq > lk:
-        # The first Lq - Lk queries have no key at all: the mask keeps their rows
-        # zero whatever the fused kernel makes of a row of -inf.
-        blocked = causal_mask(lq, lk, xp=xp, device=array_api_compat.device(q))
-        mask = blocked if mask is None else mask & blocked
-    # Terms (a) + (c) and the softmax: attention with the position term as a bias.
-    return attend(q if u is None else q + u, k, v, position, mask, scale, xp)
+    scale, causal, block_size = core.check_options(
+        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
+        causal=causal, scale=scale, block_size=block_size,
+    )  # fmt: skip
+    q, k, v, table, u, pos_bias, bias, relative_bias, value_table = (
+        _checks.cast(xp, a, dtype)
+        for a in (
+            q, k, v, position_table, content_bias, position_bias, bias, relative_bias, value_table
+        )
+    )  # fmt: skip
+    return core.attention(
+        q, k, v, xp, scale=scale, content_bias=u, position_bias=pos_bias, key_table=table,
+        value_table=value_table, relative_bias=relative_bias, bias=bias, mask=mask,
+        causal=causal, block_size=block_size,
+    )  # fmt: skip

@@ -8,14 +8,13 @@ its embedding by the diagonal ``exp(iωn)``, whatever ``pos`` is.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import array_api_compat
 import numpy as np
 
 from . import _checks
-from .attention import check_mask, check_qkv, softmax
+from .core import check_mask, check_qkv, softmax
 
 __all__ = ["complex_attention", "complex_linear", "complex_order_embedding"]
 
@@ -210,7 +209,7 @@ def complex_linear(x: Any, weight: Any, *, bias: Any = None) -> Any:
     >>> complex_linear(xp.asarray([[1.0, 2.0]]), w, bias=xp.asarray([0.5]))
     Array([[2.5+1.j]], dtype=array_api_strict.complex128)
     """
-    xp = _checks.namespace(x=x, weight=weight, bias=bias)
+    xp = _checks.namespace(x=x, weight=weight, optional={"bias": bias})
     _floating("x", x, xp)
     _complex_floating("weight", weight, xp)
     if bias is not None:
@@ -325,12 +324,11 @@ def complex_attention(
     >>> complex_attention(q, k, v, conjugate=False, reduction="modulus", scale=100.0)
     Array([[0.5+0.j]], dtype=array_api_strict.complex128)
     """
-    xp = _checks.namespace(q=q, k=k, v=v, mask=mask)
+    xp = _checks.namespace(q=q, k=k, v=v, optional={"mask": mask})
     _complex_floating("q", q, xp)
     _complex_floating("k", k, xp)
     _floating("v", v, xp)
-    if not isinstance(conjugate, bool):
-        raise TypeError(f"conjugate must be a bool, got {type(conjugate).__name__}")
+    conjugate = _checks.flag("conjugate", conjugate)
     _checks.choice("reduction", reduction, REDUCTIONS)
     lq, lk, d = check_qkv(q, k, v)
     lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
@@ -338,7 +336,7 @@ def complex_attention(
 
     dtype = xp.result_type(q, k, v)
     q, k, v = (_checks.cast(xp, a, dtype) for a in (q, k, v))
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scale = _checks.scale(scale, d, xp)
     s = q @ xp.matrix_transpose(xp.conj(k) if conjugate else k)
     logits = (xp.real(s) if reduction == "real" else xp.abs(s)) * scale
     weights = softmax(logits, mask, -1, xp)

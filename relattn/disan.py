@@ -20,7 +20,7 @@ import array_api_compat
 
 from . import _checks
 from ._activations import elu, sigmoid
-from .attention import check_mask, softmax
+from .core import check_mask, softmax
 from .masks import backward_mask, diagonal_disabled_mask, forward_mask
 
 __all__ = ["LOGIT_BUDGET", "multi_dimensional_attention", "source2token_attention"]
@@ -78,9 +78,6 @@ def _fusion_arrays(fusion: Any) -> dict[str, Any]:
         raise ValueError(
             f"fusion must be a tuple (w_s, w_h, b_f) of 3 arrays, got {len(fusion)} items"
         )
-    for name, a in zip(_FUSION_NAMES, fusion, strict=True):
-        if a is None:
-            raise TypeError(f"{name} must be an array, got NoneType")
     return dict(zip(_FUSION_NAMES, fusion, strict=True))
 
 
@@ -218,8 +215,9 @@ def multi_dimensional_attention(
     """
     gate = _fusion_arrays(fusion)
     xp = _checks.namespace(
-        h=h, query_weight=query_weight, key_weight=key_weight, bias=bias, mask=mask, **gate
-    )
+        h=h, query_weight=query_weight, key_weight=key_weight, bias=bias, **gate,
+        optional={"mask": mask},
+    )  # fmt: skip
     dtype = _checks.floating(
         xp, h=h, query_weight=query_weight, key_weight=key_weight, bias=bias, **gate
     )
@@ -325,7 +323,9 @@ def source2token_attention(
     >>> source2token_attention(h, w, b, w, b, mask=xp.asarray([True, True, False]))
     Array([1., 2.], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(h=h, weight1=weight1, bias1=bias1, weight=weight, bias=bias, mask=mask)
+    xp = _checks.namespace(
+        h=h, weight1=weight1, bias1=bias1, weight=weight, bias=bias, optional={"mask": mask}
+    )
     dtype = _checks.floating(xp, h=h, weight1=weight1, bias1=bias1, weight=weight, bias=bias)
     _, d = _check_tokens(h)
     _check_matrix("weight1", weight1, d)

@@ -15,7 +15,7 @@ import array_api_compat
 
 from . import _checks
 from ._activations import sigmoid
-from .attention import check_mask, softmax
+from .core import check_mask, softmax
 
 __all__ = ["local_p_weights", "predicted_positions"]
 
@@ -160,7 +160,7 @@ def local_p_weights(scores: Any, positions: Any, window: int, *, mask: Any = Non
     >>> [round(float(a), 4) for a in w[0, :]]                         # (1/3)·exp(-2) at ±1
     [0.0, 0.0451, 0.3333, 0.0451, 0.0]
     """
-    xp = _checks.namespace(scores=scores, positions=positions, mask=mask)
+    xp = _checks.namespace(scores=scores, positions=positions, optional={"mask": mask})
     dtype = _checks.floating(xp, scores=scores, positions=positions)
     window = _checks.length("window", window, minimum=0)
     _checks.ndim("scores", scores, 2, "(..., Lq, Lk)")

@@ -337,8 +337,7 @@ def mask_to_bias(mask: Any, *, dtype: Any) -> Any:
     """
     xp = _checks.namespace(mask=mask)
     _checks.boolean("mask", mask, xp)
-    if not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
+    _checks.dtype("dtype", dtype, xp)
     device = array_api_compat.device(mask)
     zero = xp.zeros((), dtype=dtype, device=device)
     blocked = xp.full((), xp.finfo(dtype).min / 2, dtype=dtype, device=device)

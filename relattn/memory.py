@@ -86,7 +86,7 @@ def update_memory(memory: Any, hidden: Any, memory_length: int) -> Any:
     >>> update_memory(m, xp.asarray([[3.0]]), 2)[:, 0]
     Array([2., 3.], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(memory=memory, hidden=hidden)
+    xp = _checks.namespace(hidden=hidden, optional={"memory": memory})
     keep = _checks.length("memory_length", memory_length, minimum=0)
     _checks.ndim("hidden", hidden, 2, "(..., L, d)")
     if memory is None:

@@ -78,9 +78,9 @@ def relative_distances(
     Array([-2, -1,  0], dtype=array_api_strict.int64)
     """
     xp = _checks.creation_namespace(xp)
-    lq = _checks.length("query_length", query_length)
-    lk = _checks.length("key_length", key_length)
-    stop = 1 if causal else lq
+    lq = _checks.length("query_length", query_length, minimum=0)
+    lk = _checks.length("key_length", key_length, minimum=0)
+    stop = 1 if _checks.flag("causal", causal) else lq
     return xp.arange(-(lk - 1), stop, device=device)
 
 
@@ -125,11 +125,42 @@ def relative_positions(
            [-2, -1,  0]], dtype=array_api_strict.int64)
     """
     xp = _checks.creation_namespace(xp)
-    lq = _checks.length("query_length", query_length)
-    lk = _checks.length("key_length", key_length)
+    lq = _checks.length("query_length", query_length, minimum=0)
+    lk = _checks.length("key_length", key_length, minimum=0)
     keys = xp.arange(lk, device=device)
     queries = xp.arange(lk - lq, lk, device=device)
     return keys[None, :] - queries[:, None]
+
+
+def clip_radius(name: str, radius: Any, rows: int) -> tuple[int, int]:
+    """``(K_past, K_future)`` of a clipped table of ``rows`` rows, from ``radius``.
+
+    ``None``: symmetric, ``rows = 2K + 1``. An int ``K``: the same, checked. A
+    pair ``(K_past, K_future)``: ``rows = K_past + K_future + 1``, row
+    ``δ + K_past`` for ``-K_past <= δ <= K_future`` (WeNet clips at ``-64 … 8``).
+    """
+    if radius is None:
+        if rows % 2 == 0:
+            raise ValueError(
+                f"{name} must have an odd number 2K+1 of rows (distances -K … K), got {rows} "
+                "rows (pass radius=(K_past, K_future) for an asymmetric table)"
+            )
+        return rows // 2, rows // 2
+    if isinstance(radius, (tuple, list)):
+        if len(radius) != 2:
+            raise ValueError(
+                f"radius must be an int K or a pair (K_past, K_future), got {radius!r}"
+            )
+        past = _checks.length("radius[0] (K_past)", radius[0], minimum=0)
+        future = _checks.length("radius[1] (K_future)", radius[1], minimum=0)
+    else:
+        past = future = _checks.length("radius", radius, minimum=0)
+    if rows != past + future + 1:
+        raise ValueError(
+            f"{name} must have K_past + K_future + 1 = {past + future + 1} rows for "
+            f"radius = {radius!r}, got {rows}"
+        )
+    return past, future
 
 
 def relative_table(
@@ -139,6 +170,7 @@ def relative_table(
     *,
     causal: bool = False,
     out_of_range: str = "clip",
+    radius: Any = None,
 ) -> Any:
     """Expand a clipped table of ``2K + 1`` distances to the relative layout.
 
@@ -148,31 +180,46 @@ def relative_table(
         Row ``δ + K`` holds the representation of distance ``δ``,
         ``-K <= δ <= K`` (Shaw et al.'s ``w_{-K} … w_K``). Any dtype.
     query_length, key_length : int
-        ``Lq`` and ``Lk``, both ``>= 1``.
+        ``Lq`` and ``Lk``, both ``>= 0``.
     causal : bool, optional
         Produce the causal layout (width ``Lk``) instead of the full one.
     out_of_range : {"clip", "zero"}, optional
         ``"clip"``: distances beyond ``±K`` share the edge row (Shaw et al.
-        2018, eq. (3)–(4); seed note 001, eq. 17). ``"zero"``: they get a zero
-        row (Music Transformer's relative embeddings, Huang et al. 2018).
+        2018, eq. (3)–(4)). ``"zero"``: they get a zero row (Music
+        Transformer's relative embeddings, Huang et al. 2018).
+    radius : int or (int, int), optional
+        ``K``, or ``(K_past, K_future)`` for an asymmetric table of
+        ``K_past + K_future + 1`` rows, row ``δ + K_past`` for
+        ``-K_past <= δ <= K_future``. Default: symmetric, from the rows.
 
     Returns
     -------
     array of shape (..., W, d), dtype of ``table``
-        Row ``m`` is the representation of ``δ = m - (Lk - 1)``.
+        Row ``m`` is the representation of ``δ = m - (Lk - 1)``;
+        ``W = Lq + Lk - 1``, or ``Lk`` with ``causal``.
 
     Raises
     ------
     ValueError
-        If the table has fewer than 2 dimensions or an even number of rows, a
-        length is below 1, or ``out_of_range`` is unknown.
+        If the table has fewer than 2 dimensions, a number of rows that does
+        not fit ``radius`` (an even number without it), a length or radius is
+        negative, or ``out_of_range`` is unknown.
     TypeError
-        If ``table`` is not an array or a length is not an integer.
+        If ``table`` is not an array, a length or radius is not an integer,
+        or ``causal`` is not a bool.
+
+    See Also
+    --------
+    relative_distances : the distance ``δ`` of each row of the result.
+    shaw_attention : attention with such tables on keys and values.
+    rel_shift : moves scores against the result to key columns.
 
     Notes
     -----
-    ``O(W·d)``: one gather of ``W`` rows, never one per ``(i, j)`` pair. Shift
-    scores computed against it with :func:`relattn.rel_shift`.
+    ``O(W·d)``: one gather of ``W`` rows, never one per ``(i, j)`` pair
+    (Shaw et al. 2018, eq. (3)–(4): ``a_ij = w_clip(j - i, K)`` depends on
+    ``j - i`` alone). Shift scores computed against it with
+    :func:`relattn.rel_shift`.
 
     Examples
     --------
@@ -183,21 +230,17 @@ def relative_table(
     Array([1., 1., 2., 3.], dtype=array_api_strict.float64)
     >>> relative_table(table, 2, 3, out_of_range="zero")[:, 0]
     Array([0., 1., 2., 3.], dtype=array_api_strict.float64)
+    >>> relative_table(table, 2, 3, radius=(2, 0))[:, 0]   # rows for δ = -2, -1, 0
+    Array([1., 2., 3., 3.], dtype=array_api_strict.float64)
     """
     xp = _checks.namespace(table=table)
     _checks.ndim("table", table, 2, "(..., 2K+1, d)")
     _checks.choice("out_of_range", out_of_range, OUT_OF_RANGE)
-    rows = table.shape[-2]
-    if rows % 2 == 0:
-        raise ValueError(
-            f"table must have an odd number 2K+1 of rows (distances -K … K), got {rows}"
-        )
-    radius = rows // 2
+    past, future = clip_radius("table", radius, table.shape[-2])
     device = array_api_compat.device(table)
     delta = relative_distances(query_length, key_length, causal=causal, xp=xp, device=device)
-    index = xp.clip(delta, -radius, radius) + radius
-    expanded = xp.take(table, index, axis=table.ndim - 2)
+    expanded = xp.take(table, xp.clip(delta, -past, future) + past, axis=table.ndim - 2)
     if out_of_range == "zero":
-        inside = xp.abs(delta) <= radius
+        inside = (delta >= -past) & (delta <= future)
         expanded = xp.where(inside[:, None], expanded, xp.zeros_like(expanded))
     return expanded

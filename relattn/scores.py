@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import _checks
-from .shift import shift
+from . import _checks, core
 
 __all__ = [
     "additive_scores",
@@ -36,22 +35,6 @@ def _check_qk(q: Any, k: Any, *, same_features: bool) -> tuple[int, ...]:
     """``q (..., Lq, d_q)`` and ``k (..., Lk, d_k)``; return the broadcast leading shape."""
     _checks.query_key(q, k, same_features=same_features)
     return _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2])
-
-
-def check_table(name: str, table: Any, lq: int, lk: int, d: int) -> int:
-    """``table`` is ``(..., W, d)`` in the causal or full layout; return ``W``."""
-    _checks.ndim(name, table, 2, "(..., W, d)")
-    width, table_d = table.shape[-2:]
-    if width not in (lk, lq + lk - 1):
-        raise ValueError(
-            f"{name} must have W = Lk = {lk} rows (causal layout) or W = Lq + Lk - 1 = "
-            f"{lq + lk - 1} rows (full layout), got W = {width}"
-        )
-    if table_d != d:
-        raise ValueError(
-            f"{name} must have the feature size of q, d = {d}, got shape {tuple(table.shape)}"
-        )
-    return width
 
 
 def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) -> Any:
@@ -101,34 +84,21 @@ def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) ->
     Array([[ 0.,  1.],
            [-1.,  0.]], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(q=q, table=table, bias=bias)
+    xp = _checks.namespace(q=q, table=table, optional={"bias": bias})
     dtype = _checks.floating(xp, q=q, table=table, bias=bias)
     _checks.ndim("q", q, 2, "(..., Lq, d)")
-    lk = _checks.length("key_length", key_length)
+    lk = _checks.length("key_length", key_length, minimum=0)
     lq, d = q.shape[-2:]
-    check_table("table", table, lq, lk, d)
+    width = core.check_table("table", table, lq, lk, d)
     _checks.broadcast(q=q.shape[:-2], table=table.shape[:-2])
     if bias is not None:
         _checks.broadcastable("bias", bias.shape, tuple(q.shape), "q")
     q, table, bias = (_checks.cast(xp, a, dtype) for a in (q, table, bias))
-    return position_term(q, bias, table, lk, xp)
-
-
-def position_term(
-    q: Any, bias: Any, table: Any, key_length: int, xp: Any, *, scale: float = 1.0,
-    fill: float = 0.0,
-) -> Any:  # fmt: skip
-    """``rel_shift((q + bias) · scale · tableᵀ, Lk)`` on checked, cast inputs.
-
-    The scale multiplies ``q`` (``Lq·d`` elements), not the scores. ``fill``
-    is the value of the causal layout's ``δ > 0`` cells (see
-    :func:`relattn.shift.shift`).
-    """
-    if bias is not None:
-        q = q + bias
-    if scale != 1.0:
-        q = q * scale
-    return shift(q @ xp.matrix_transpose(table), key_length, xp, fill=fill)
+    causal = width != lq + lk - 1
+    rel = core.Relative(lq, lk, causal, key_table=table)
+    return core.relative_term(
+        rel, q if bias is None else q + bias, None, (0, lq, 0, lk), xp, fill=0.0
+    )
 
 
 def dot_product_scores(q: Any, k: Any) -> Any:
@@ -221,7 +191,7 @@ def scaled_dot_product_scores(q: Any, k: Any, *, scale: Any = None) -> Any:
     dtype = _checks.floating(xp, q=q, k=k)
     _check_qk(q, k, same_features=True)
     q, k = (_checks.cast(xp, a, dtype) for a in (q, k))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = _checks.scale(scale, q.shape[-1], xp)
     return (q @ xp.matrix_transpose(k)) * scale
 
 
@@ -364,10 +334,10 @@ def additive_scores(
            [6., 6., 6., 6.]], dtype=array_api_strict.float64)
     """
     xp = _checks.namespace(
-        q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, bias=bias
+        q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, optional={"bias": bias}
     )
     dtype = _checks.floating(
-        xp, q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, bias=bias
+        xp, q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, optional={"bias": bias}
     )
     lead = _check_qk(q, k, same_features=False)
     d_q, d_k = q.shape[-1], k.shape[-1]

@@ -12,28 +12,21 @@ layout (``rel_unshift``) and multiplied by the expanded value table.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from . import _checks
-from .attention import check_mask, check_qkv, softmax
-from .positions import OUT_OF_RANGE, relative_table
-from .shift import shift, unshift
+from . import _checks, core
+from .positions import OUT_OF_RANGE, clip_radius, relative_table
 
 __all__ = ["shaw_attention"]
 
 
-def _check_clipped_table(name: str, table: Any, features: int, feature_name: str) -> None:
-    """``table`` is ``(..., 2K+1, features)``: an odd number of rows, one per distance."""
-    layout = "(..., 2K+1, d)" if feature_name == "d" else "(..., 2K'+1, d_v)"
-    _checks.ndim(name, table, 2, layout)
-    rows, table_features = table.shape[-2:]
-    if rows % 2 == 0:
-        raise ValueError(
-            f"{name} must have an odd number 2K+1 of rows (distances -K … K), "
-            f"got {rows} rows in shape {tuple(table.shape)}"
-        )
-    if table_features != features:
+def _check_clipped_table(
+    name: str, table: Any, features: int, feature_name: str, radius: Any
+) -> None:
+    """``table`` is ``(..., K_past + K_future + 1, features)``: one row per clipped distance."""
+    _checks.ndim(name, table, 2, f"(..., 2K+1, {feature_name})")
+    clip_radius(name, radius, table.shape[-2])
+    if table.shape[-1] != features:
         raise ValueError(
             f"{name} must have the feature size {feature_name} = {features}, "
             f"got shape {tuple(table.shape)}"
@@ -45,11 +38,16 @@ def shaw_attention(
     k: Any,
     v: Any,
     key_table: Any,
-    value_table: Any,
+    value_table: Any = None,
     *,
     mask: Any = None,
+    bias: Any = None,
+    relative_bias: Any = None,
+    causal: bool = False,
     scale: Any = None,
     out_of_range: str = "clip",
+    radius: Any = None,
+    block_size: Any = None,
 ) -> Any:
     """Attention with Shaw et al. relative position representations on keys and values.
 
@@ -62,20 +60,34 @@ def shaw_attention(
         memory and query ``i`` sits at key position ``i + Lk - Lq``.
     v : array of shape (..., Lk, d_v), real floating
         Values ``x_j W^V``.
-    key_table : array of shape (..., 2K+1, d), real floating
+    key_table : array of shape (..., 2K+1, d), real floating, or None
         ``w^K_{-K} … w^K_K``: row ``δ + K`` is added to the key of every pair
         at distance ``δ = j - i`` (key minus query). Usually ``(2K+1, d)``,
         shared by all heads; leading dimensions broadcast with ``q``'s.
-    value_table : array of shape (..., 2K'+1, d_v), real floating
+        ``None``: no key term.
+    value_table : array of shape (..., 2K'+1, d_v), real floating, optional
         ``w^V_{-K'} … w^V_{K'}``, added to the values the same way. ``K'``
-        may differ from ``K``.
+        may differ from ``K``. Default: no value term (the keys-only variant).
     mask : array, bool, optional
         ``True`` = may attend; broadcastable to the scores ``(..., Lq, Lk)``.
-    scale : float, optional
+    bias : array, real floating, optional
+        Added to the scaled scores; broadcastable to ``(..., Lq, Lk)``.
+    relative_bias : array of shape (..., W), real floating, optional
+        One value per distance, added to the scaled scores; see
+        :func:`scaled_dot_product_attention`.
+    causal : bool, optional
+        Mask the keys after each query (``δ > 0``).
+    scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default.
     out_of_range : {"clip", "zero"}, optional
-        Distances beyond ``±K``: ``"clip"`` shares the edge row (Shaw et al.);
-        ``"zero"`` adds nothing (Music Transformer, Huang et al. 2018).
+        Distances beyond the radius: ``"clip"`` shares the edge row (Shaw et
+        al.); ``"zero"`` adds nothing (Music Transformer, Huang et al. 2018).
+    radius : int or (int, int), optional
+        ``K``, or ``(K_past, K_future)`` for asymmetric tables of
+        ``K_past + K_future + 1`` rows (WeNet clips at ``(64, 8)``), for both
+        tables. Default: each table symmetric, ``K`` from its rows.
+    block_size : int, optional
+        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -87,12 +99,18 @@ def shaw_attention(
     ------
     ValueError
         If shapes do not match (``q``/``k`` feature size, ``k``/``v`` length,
-        a table with an even number of rows or a feature size other than
-        ``d`` / ``d_v``, leading dimensions, ``mask`` shape), or
-        ``out_of_range`` is unknown.
+        a table whose rows do not fit ``radius`` (an even number without it)
+        or with a feature size other than ``d`` / ``d_v``, leading dimensions,
+        ``mask`` or ``bias`` shape), ``out_of_range`` is unknown, or ``d = 0``
+        with the default scale.
     TypeError
-        If an input is not real floating, ``mask`` is not boolean, or the
-        arrays come from different libraries.
+        If an input is not a real floating array, ``mask`` is not boolean, or
+        the arrays come from different libraries.
+
+    See Also
+    --------
+    relative_table : the expansion of a clipped table to the relative layout.
+    relative_attention : the same core with a table per distance (``value_table=``).
 
     Notes
     -----
@@ -106,7 +124,7 @@ def shaw_attention(
 
     with ``a^K_ij = w^K_{clip(j - i, -K, K)}`` (eq. (3)–(4)). relattn
     computes, with ``T = relative_table(w, Lq, Lk)`` of shape ``(W, d)``,
-    ``W = Lq + Lk - 1`` (one row per distance, seed note 001, eq. 17):
+    ``W = Lq + Lk - 1`` (one row per distance):
 
     ``logits = (q kᵀ + rel_shift(q T_Kᵀ)) · scale`` and
     ``z = P v + rel_unshift(P) T_V``.
@@ -126,41 +144,47 @@ def shaw_attention(
     Array([[ 2.],
            [ 0.],
            [-2.]], dtype=array_api_strict.float64)
-    >>> shaw_attention(q, k, v[:, :1], key_table, value_table, mask=causal_mask(3, 3, xp=xp))
+    >>> shaw_attention(q, k, v[:, :1], key_table, value_table, causal=True)
     Array([[ 0. ],
            [-1.5],
            [-2. ]], dtype=array_api_strict.float64)
     """
-    xp = _checks.namespace(q=q, k=k, v=v, key_table=key_table, value_table=value_table, mask=mask)
-    dtype = _checks.floating(xp, q=q, k=k, v=v, key_table=key_table, value_table=value_table)
+    xp = _checks.namespace(
+        q=q, k=k, v=v,
+        optional={
+            "key_table": key_table, "value_table": value_table, "mask": mask, "bias": bias,
+            "relative_bias": relative_bias,
+        },
+    )  # fmt: skip
+    dtype = _checks.floating(
+        xp, q=q, k=k, v=v, key_table=key_table, value_table=value_table, bias=bias,
+        relative_bias=relative_bias,
+    )  # fmt: skip
     _checks.choice("out_of_range", out_of_range, OUT_OF_RANGE)
-    lq, lk, d = check_qkv(q, k, v)
-    _check_clipped_table("key_table", key_table, d, "d")
-    _check_clipped_table("value_table", value_table, v.shape[-1], "d_v")
-    lead = _checks.broadcast(
-        q=q.shape[:-2],
-        k=k.shape[:-2],
-        v=v.shape[:-2],
-        key_table=key_table.shape[:-2],
-        value_table=value_table.shape[:-2],
+    lq, lk, d = core.check_qkv(q, k, v)
+    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
+    if key_table is not None:
+        _check_clipped_table("key_table", key_table, d, "d", radius)
+        leads["key_table"] = key_table.shape[:-2]
+    if value_table is not None:
+        _check_clipped_table("value_table", value_table, v.shape[-1], "d_v", radius)
+        leads["value_table"] = value_table.shape[:-2]
+    lead = _checks.broadcast(**leads)
+    scale, causal, block_size = core.check_options(
+        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
+        causal=causal, scale=scale, block_size=block_size,
+    )  # fmt: skip
+    q, k, v, key_table, value_table, bias, relative_bias = (
+        _checks.cast(xp, a, dtype) for a in (q, k, v, key_table, value_table, bias, relative_bias)
     )
-    check_mask(mask, (*lead, lq, lk), xp)
-
-    q, k, v, key_table, value_table = (
-        _checks.cast(xp, a, dtype) for a in (q, k, v, key_table, value_table)
-    )
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     # One row per distance of the relative layout, O(W·d): never one per (i, j) pair.
-    t_k = relative_table(key_table, lq, lk, out_of_range=out_of_range)
-    t_v = relative_table(value_table, lq, lk, out_of_range=out_of_range)
-    # Eq. (4): q_i·a^K_ij is q_i·T_K[δ(i, j)], computed per distance and shifted to key columns.
-    # One expression, position term first: the (Lq, W) product is freed before q kᵀ exists,
-    # and libraries that reuse temporaries (NumPy) add and scale in q kᵀ's buffer.
-    weights = softmax(
-        (shift(q @ xp.matrix_transpose(t_k), lk, xp) + q @ xp.matrix_transpose(k)) * scale,
-        mask,
-        -1,
-        xp,
-    )
-    # Eq. (3): Σ_j α_ij a^V_ij = Σ_δ (Σ_{j: δ(i,j)=δ} α_ij) T_V[δ] = rel_unshift(α) T_V.
-    return weights @ v + unshift(weights, xp) @ t_v
+    # With causal=True only δ <= 0 are needed: the causal layout.
+    tables = [
+        None if t is None
+        else relative_table(t, lq, lk, causal=causal, out_of_range=out_of_range, radius=radius)
+        for t in (key_table, value_table)
+    ]  # fmt: skip
+    return core.attention(
+        q, k, v, xp, scale=scale, key_table=tables[0], value_table=tables[1],
+        relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, block_size=block_size,
+    )  # fmt: skip

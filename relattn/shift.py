@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks
@@ -22,19 +21,21 @@ __all__ = ["rel_shift", "rel_unshift"]
 
 
 def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
-    """:func:`rel_shift` without argument checks; ``x.shape[-1]`` is ``Lk`` or ``Lq + Lk - 1``.
+    """:func:`rel_shift` without argument checks.
 
-    ``fill`` is the value of the causal layout's absent cells (``δ > 0``):
-    ``-inf`` turns the result into a causally masked additive bias, so that the
-    caller needs no boolean mask and no separate masking pass.
+    ``x.shape[-1]`` is at most ``Lq + Lk - 1``: the full layout, or a prefix of
+    it (the causal layout, width ``Lk``, or a block's slice that stops at
+    ``δ = 0``). ``fill`` is the value of the absent columns: ``-inf`` turns the
+    result into a causally masked additive bias, so that the caller needs no
+    boolean mask and no separate masking pass.
     """
     *batch, lq, width = x.shape
+    if lq == 0 or key_length == 0:
+        return xp.reshape(x[..., :0], (*batch, lq, key_length))
     full = lq + key_length - 1
     if width != full:
-        # Causal layout: append the missing columns δ = 1 … Lq - 1.
-        device = array_api_compat.device(x)
-        absent = xp.full((*batch, lq, full - width), fill, dtype=x.dtype, device=device)
-        x = xp.concat((x, absent), axis=-1)
+        pad = [(0, 0)] * (x.ndim - 1) + [(0, full - width)]
+        x = xpx.pad(x, pad, constant_values=fill, xp=xp)
     if lq == 1:
         return x
     # Element [i, j - i + Lq - 1] sits at flat index i·(W - 1) + j + Lq - 1.
@@ -46,9 +47,13 @@ def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
 def unshift(x: Any, xp: Any) -> Any:
     """:func:`rel_unshift` without argument checks."""
     *batch, lq, lk = x.shape
+    full = lq + lk - 1
+    if lq == 0 or lk == 0:
+        # No pair: every column of the relative layout is zero (or there is no row).
+        pad = [(0, 0)] * (x.ndim - 1) + [(0, max(full, 0) - lk)]
+        return xpx.pad(x, pad, xp=xp) if lq else xp.reshape(x, (*batch, 0, max(full, 0)))
     if lq == 1:
         return x
-    full = lq + lk - 1
     # Inverse of ``shift`` with a single padded copy: with one zero row above and
     # below and rows widened to W - 1, x[i, j] sits at flat (i + 1)·(W - 1) + j,
     # which is Lk - 1 + i·W + (j - i + Lq - 1): read rows of stride W from there.
@@ -101,7 +106,7 @@ def rel_shift(x: Any, key_length: int) -> Any:
     """
     xp = _checks.namespace(x=x)
     _checks.ndim("x", x, 2, "(..., Lq, W)")
-    lk = _checks.length("key_length", key_length)
+    lk = _checks.length("key_length", key_length, minimum=0)
     lq, width = x.shape[-2:]
     if width not in (lq + lk - 1, lk):
         raise ValueError(

@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._activations import elu
-from ..attention import relative_attention, scaled_dot_product_attention, softmax
+from ..attention import relative_attention, scaled_dot_product_attention
 from ..complex_order import complex_attention, complex_linear, complex_order_embedding
+from ..core import softmax
 from ..disan import multi_dimensional_attention
 from ..encodings import sinusoidal_position_encoding
 from ..heads import merge_heads, split_heads
