@@ -8,9 +8,11 @@ caller's dtype. See ``README.md`` for the conventions: relative distance
 """
 
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
+from .biases import alibi_slopes, log_bucket_position, relative_bias, relative_position_bucket
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
 from .disan import multi_dimensional_attention, source2token_attention
-from .encodings import sinusoidal_position_encoding
+from .disentangled import disentangled_attention
+from .encodings import inverse_frequencies, sinusoidal_position_encoding
 from .heads import merge_heads, split_heads
 from .local import local_p_weights, predicted_positions
 from .masks import (
@@ -24,6 +26,7 @@ from .masks import (
 )
 from .memory import stop_gradient, update_memory
 from .positions import relative_distances, relative_positions, relative_table
+from .rotary import rotary_position_embedding
 from .scores import (
     additive_scores,
     bilinear_scores,
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "additive_scores",
+    "alibi_slopes",
     "backward_mask",
     "bilinear_scores",
     "causal_mask",
@@ -48,11 +52,14 @@ __all__ = [
     "complex_order_embedding",
     "cosine_scores",
     "diagonal_disabled_mask",
+    "disentangled_attention",
     "dot_product_scores",
     "forward_mask",
+    "inverse_frequencies",
     "local_p_weights",
     "local_window_mask",
     "location_scores",
+    "log_bucket_position",
     "mask_to_bias",
     "masked_softmax",
     "merge_heads",
@@ -62,10 +69,13 @@ __all__ = [
     "rel_shift",
     "rel_unshift",
     "relative_attention",
+    "relative_bias",
     "relative_distances",
+    "relative_position_bucket",
     "relative_positions",
     "relative_scores",
     "relative_table",
+    "rotary_position_embedding",
     "scaled_dot_product_attention",
     "scaled_dot_product_scores",
     "shaw_attention",

@@ -40,8 +40,10 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     if optional:
         arrays.update((name, a) for name, a in optional.items() if a is not None)
     found = {_NAMESPACE_OF_TYPE.get(type(a)) for a in arrays.values()}
-    if len(found) == 1 and None not in found:
-        return found.pop()
+    if len(found) == 1:
+        cached = found.pop()
+        if cached is not None:
+            return cached
     for name, a in arrays.items():
         array(name, a)
     try:
@@ -215,6 +217,18 @@ def query_key(q: Any, k: Any, *, same_features: bool = True) -> None:
         )
 
 
+def features(
+    name: str, x: Any, weight_name: str, weight: Any, axis: int, layout: str
+) -> None:
+    """``x``'s last axis has the size of ``weight``'s ``axis``, or ``ValueError`` naming ``x``."""
+    expected = weight.shape[axis]
+    if x.shape[-1] != expected:
+        raise ValueError(
+            f"{name} must have {expected} features to match {weight_name} {layout} of shape "
+            f"{tuple(weight.shape)}, got {name} of shape {tuple(x.shape)}"
+        )
+
+
 def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], what: str) -> None:
     """Check ``shape`` broadcasts to exactly ``target`` (shapes only, no arrays)."""
     if _broadcast_shapes(tuple(shape), tuple(target)) != tuple(target):
@@ -240,7 +254,7 @@ def exact_shape(name: str, x: Any, expected: tuple[int, ...], layout: str) -> No
         )
 
 
-def choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+def choice(name: str, value: Any, options: tuple[str | None, ...]) -> Any:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value

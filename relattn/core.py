@@ -46,8 +46,8 @@ NEGATIVE_INFINITY = -math.inf
 # -------------------------------------------------------------------------------------------
 def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     """Masked softmax over ``axis`` without argument checks; fully masked rows are 0."""
-    if scores.shape[axis] == 0:
-        return scores  # no key: nothing to normalise, and the empty result is right
+    if math.prod(scores.shape) == 0:
+        return scores  # nothing to normalise (Dask cannot reduce empty chunks either)
     device = array_api_compat.device(scores)
     if mask is not None:
         # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,

@@ -34,11 +34,9 @@ _FUSION_NAMES = ("w_s (fusion[0])", "w_h (fusion[1])", "b_f (fusion[2])")
 
 
 def _check_tokens(h: Any) -> tuple[int, int]:
-    """``h`` is ``(..., L, d)`` with ``L >= 1``; return ``(L, d)``."""
+    """``h`` is ``(..., L, d)``; return ``(L, d)`` (``L = 0`` gives empty results)."""
     _checks.ndim("h", h, 2, "(..., L, d)")
     length, d = h.shape[-2:]
-    if length < 1:
-        raise ValueError(f"h must have at least one token, L >= 1, got shape {tuple(h.shape)}")
     return length, d
 
 
@@ -61,9 +59,10 @@ def _check_vector(name: str, b: Any, d: int) -> None:
 def _check_c(c: Any) -> float:
     if isinstance(c, bool) or not isinstance(c, numbers.Real):
         raise TypeError(f"c must be a real number (a Python float), got {type(c).__name__}")
-    if not (math.isfinite(c) and c > 0):
+    value = float(c)
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(f"c must be positive and finite, got {c}")
-    return float(c)
+    return value
 
 
 def _fusion_arrays(fusion: Any) -> dict[str, Any]:
@@ -248,7 +247,7 @@ def multi_dimensional_attention(
     allowed = None if direction is None else _DIRECTIONS[direction](length, xp=xp, device=device)
     values = h[..., None, :, :]  # (..., 1, L, d)
     parts = []
-    for start in range(0, length, chunk):
+    for start in range(0, max(length, 1), chunk):  # one empty chunk when L = 0
         stop = min(start + chunk, length)
         logits = c * xp.tanh((query[..., start:stop, None, :] + key[..., None, :, :]) / c)
         rows = _mask_rows(allowed, mask, start, stop)  # (..., n, L): one per key

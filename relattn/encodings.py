@@ -1,24 +1,204 @@
-"""Sinusoidal position encodings (Vaswani et al. 2017, section 3.5)."""
+"""Sinusoidal position encodings (Vaswani et al. 2017, section 3.5) and their frequencies.
+
+Angles ``p·ω`` are formed in float64 where the device has it. Where it has not
+(JAX without ``jax_enable_x64``, some accelerators) a float32 product would be
+off by ``ulp(p·ω)``: ``1e-3`` rad near position ``1e5``, whole radians near
+``1e8``. There the integer part of each position is split into base-256
+digits, each digit's rotation ``exp(i·D·256^n·ω)`` is read from a table
+computed on the host in float64 (with ``256^n·ω`` reduced modulo ``2π`` in
+exact arithmetic), and the rotations are multiplied: float32 rounding of a few
+unit complex products, whatever the position.
+"""
 
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
 from typing import Any
 
 import array_api_compat
 import array_api_extra as xpx
+import numpy as np
 
 from . import _checks
 
-__all__ = ["sinusoidal_position_encoding"]
+__all__ = ["inverse_frequencies", "sinusoidal_position_encoding"]
 
 LAYOUTS = ("interleaved", "concatenated")
 
+#: π to 60 digits, for reducing ``256^n·ω`` modulo 2π exactly enough.
+_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459")
+#: Digits of the integer part of a position in the float32 path: base 256, 5 digits, |p| < 2^40.
+_DIGIT_BASE = 256
+_DIGITS = 5
+
+
+def inverse_frequencies(
+    count: int,
+    *,
+    base: float = 10000.0,
+    endpoint: bool = False,
+    dtype: Any = None,
+    device: Any = None,
+    xp: Any = None,
+) -> Any:
+    """Geometric frequencies ``ω_k = base^(-k/count)`` (or ``base^(-k/(count - 1))``).
+
+    Parameters
+    ----------
+    count : int
+        Number of frequencies ``n >= 0``: ``d_model / 2`` for a sinusoid,
+        ``rotary_dim / 2`` for rotary embeddings.
+    base : float, optional
+        Wavelength base, ``> 0`` (10000 in Vaswani et al. and RoFormer).
+    endpoint : bool, optional
+        ``False``: ``ω_k = base^(-k/n)``, ``k = 0 … n-1`` (Vaswani et al.,
+        Transformer-XL, RoFormer, LLaMA). ``True``: ``ω_k = base^(-k/(n-1))``,
+        the last frequency exactly ``1/base`` (tensor2tensor's timing signal,
+        fairseq, TENER's released code).
+    dtype : dtype, optional
+        Real floating dtype of the result (default: the library's default).
+    device : device, optional
+        Device of the result.
+    xp : module, optional
+        Array library of the result (default NumPy).
+
+    Returns
+    -------
+    array of shape (count,)
+        ``ω_k`` in radians per token position, decreasing from 1.
+
+    Raises
+    ------
+    ValueError
+        If ``count`` is negative or ``base`` not positive and finite.
+    TypeError
+        If ``count`` is not an integer, ``endpoint`` not a bool, ``dtype`` not
+        a real floating dtype of the library, or ``xp`` not an array library.
+
+    See Also
+    --------
+    sinusoidal_position_encoding : ``sin``/``cos`` of ``p·ω_k``.
+    rotary_position_embedding : rotations by ``p·ω_k``.
+
+    Notes
+    -----
+    Vaswani et al. 2017, section 3.5: ``PE(p, 2k) = sin(p / base^(2k/d))``, so
+    ``ω_k = base^(-2k/d) = base^(-k/(d/2))``. tensor2tensor's
+    ``get_timing_signal_1d`` spaces ``log ω`` by ``log(base)/(n - 1)``.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import inverse_frequencies
+    >>> inverse_frequencies(2, base=100.0, xp=xp)
+    Array([1. , 0.1], dtype=array_api_strict.float64)
+    >>> inverse_frequencies(3, base=100.0, endpoint=True, xp=xp)
+    Array([1.  , 0.1 , 0.01], dtype=array_api_strict.float64)
+    """
+    xp = _checks.creation_namespace(xp)
+    values = _host_frequencies(
+        _checks.length("count", count, minimum=0),
+        _check_base(base),
+        _checks.flag("endpoint", endpoint),
+    )
+    dtype = (
+        xpx.default_dtype(xp, device=device) if dtype is None else _checks.dtype("dtype", dtype, xp)
+    )
+    return xp.asarray(values, dtype=dtype, device=device)
+
+
+def _check_base(base: Any) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float, np.floating, np.integer)):
+        raise TypeError(f"base must be a real number, got {type(base).__name__}")
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"base must be positive and finite, got {base}")
+    return float(base)
+
+
+def _host_frequencies(count: int, base: float, endpoint: bool) -> list[float]:
+    """``ω_k`` as Python floats (float64)."""
+    denominator = count - 1 if endpoint else count
+    if denominator <= 0:
+        return [1.0] * count
+    step = -math.log(base) / denominator
+    return [math.exp(k * step) for k in range(count)]
+
 
 def _working_dtype(xp: Any, device: Any) -> Any:
-    """float64 where the device has it: angles ``p·ω`` lose digits in float32."""
+    """float64 where the device has it, else float32."""
     floats = xp.__array_namespace_info__().dtypes(device=device, kind="real floating")
     return floats.get("float64", floats["float32"])
+
+
+def _rotation_tables(frequencies: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``cos``, ``sin`` of ``D·256^n·ω_k`` for every digit ``D``, place ``n`` and frequency.
+
+    Shape ``(_DIGITS, 256, len(frequencies))``, float64. ``256^n·ω`` is reduced
+    modulo ``2π`` with 60-digit decimals (``ω`` itself is an exact float), so
+    that ``D`` times it, at most ``256·2π``, keeps float64's precision.
+    """
+    key = frequencies
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    with localcontext() as ctx:
+        ctx.prec = 60
+        two_pi = 2 * _PI
+        reduced = np.array(
+            [
+                [float((Decimal(w) * _DIGIT_BASE**n) % two_pi) for w in frequencies]
+                for n in range(_DIGITS)
+            ]
+        )
+    digits = np.arange(_DIGIT_BASE, dtype=np.float64)[None, :, None]
+    angle = digits * reduced[:, None, :]
+    found = _TABLES[key] = (np.cos(angle), np.sin(angle))
+    return found
+
+
+_TABLES: dict[tuple[float, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _exact_angles(p: Any, frequencies: tuple[float, ...], work: Any, xp: Any, device: Any) -> Any:
+    """``cos(p·ω)``, ``sin(p·ω)`` of shape ``(P, n)`` in ``work`` without forming ``p·ω``.
+
+    ``|p| = whole + fraction``; the rotation of ``whole`` is the product of its
+    base-256 digits' rotations (tables), that of ``fraction`` is computed
+    directly (``fraction·ω < 1``). ``sin`` is odd: negative positions flip it.
+    """
+    cos_tables, sin_tables = _rotation_tables(frequencies)
+    omega = xp.asarray(np.asarray(frequencies), dtype=work, device=device)
+    if xp.isdtype(p.dtype, "integral"):
+        magnitude = xp.abs(p)
+        fraction = None
+    else:
+        magnitude = xp.abs(p)
+        whole = xp.floor(magnitude)
+        fraction = magnitude - whole
+        magnitude = whole
+    if fraction is None:
+        cos = xp.ones((p.shape[0], len(frequencies)), dtype=work, device=device)
+        sin = xp.zeros((p.shape[0], len(frequencies)), dtype=work, device=device)
+    else:
+        small = fraction[:, None] * omega[None, :]
+        cos, sin = xp.cos(small), xp.sin(small)
+    for n in range(_DIGITS):
+        place = _DIGIT_BASE**n
+        if xp.isdtype(magnitude.dtype, "integral"):
+            if place > xp.iinfo(magnitude.dtype).max:
+                break
+            digit = (magnitude // place) % _DIGIT_BASE
+        else:
+            # Multiplying by a power of two is exact, and so is floor of the result.
+            shifted = xp.floor(magnitude * (1.0 / place))
+            digit = shifted - _DIGIT_BASE * xp.floor(shifted * (1.0 / _DIGIT_BASE))
+            digit = xp.astype(digit, xp.int32)
+        c = xp.take(xp.asarray(cos_tables[n], dtype=work, device=device), digit, axis=0)
+        s = xp.take(xp.asarray(sin_tables[n], dtype=work, device=device), digit, axis=0)
+        cos, sin = cos * c - sin * s, sin * c + cos * s
+    negative = (p < 0)[:, None]
+    return cos, xp.where(negative, -sin, sin)
 
 
 def sinusoidal_position_encoding(
@@ -27,6 +207,7 @@ def sinusoidal_position_encoding(
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
+    frequencies: Any = None,
     dtype: Any = None,
     device: Any = None,
     xp: Any = None,
@@ -49,6 +230,11 @@ def sinusoidal_position_encoding(
         frequency ``k`` (the formula as written; Vaswani, ESPnet).
         ``"concatenated"``: all sines, then all cosines (Transformer-XL, TENER,
         fairseq).
+    frequencies : array of shape (d_model/2,), real floating, optional
+        ``ω_k`` in radians per position, replacing ``base^(-2k/d)``: e.g.
+        ``inverse_frequencies(d_model // 2, endpoint=True)`` for
+        tensor2tensor's and fairseq's spacing. Same library as ``positions``
+        (or ``xp``).
     dtype : dtype, optional
         Real floating result dtype. Default: the dtype of a floating
         ``positions`` array, else the namespace's default floating dtype.
@@ -69,10 +255,19 @@ def sinusoidal_position_encoding(
     ------
     ValueError
         If ``d_model`` is odd or not positive, ``positions`` is not 1-D or a
-        negative count, ``base`` is not positive, or ``layout`` is unknown.
+        negative count, ``base`` is not positive, ``frequencies`` has the
+        wrong shape, or ``layout`` is unknown.
     TypeError
-        If ``dtype`` is not real floating, ``positions`` is complex or boolean,
-        or ``xp`` does not match the library of ``positions``.
+        If ``dtype`` is not a real floating dtype of the library,
+        ``positions`` is complex or boolean, ``frequencies`` is not a real
+        floating array, or ``xp`` does not match the library of
+        ``positions``.
+
+    See Also
+    --------
+    inverse_frequencies : the frequencies ``ω_k``.
+    relative_distances : relative positions to encode (Transformer-XL, TENER).
+    rotary_position_embedding : the same frequencies applied as rotations.
 
     Notes
     -----
@@ -83,9 +278,13 @@ def sinusoidal_position_encoding(
         PE(p, 2k) = \sin(p / b^{2k/d}), \qquad PE(p, 2k+1) = \cos(p / b^{2k/d}).
 
     Angles are formed in float64 where the device supports it, then cast to
-    ``dtype``. For every offset ``k`` there is a fixed linear map (a 2×2
-    rotation per frequency) taking ``PE(p)`` to ``PE(p + k)``, and
-    ``PE(p + k)·PE(p)`` depends on ``k`` alone.
+    ``dtype``. Without float64 (JAX without x64), the angles of the integer
+    part of each position are built from exact per-digit rotations (see the
+    module notes), so positions up to ``2^40`` keep float32 accuracy; given
+    ``frequencies`` are used as they are, in the working precision. For
+    every offset ``k`` there is a fixed linear map (a 2×2 rotation per
+    frequency) taking ``PE(p)`` to ``PE(p + k)``, and ``PE(p + k)·PE(p)``
+    depends on ``k`` alone.
 
     Examples
     --------
@@ -100,18 +299,24 @@ def sinusoidal_position_encoding(
     d_model = _checks.length("d_model", d_model)
     if d_model % 2:
         raise ValueError(f"d_model must be even (sine and cosine pairs), got {d_model}")
-    if not base > 0:
-        raise ValueError(f"base must be positive, got {base}")
+    base = _check_base(base)
     _checks.choice("layout", layout, LAYOUTS)
-    if isinstance(positions, int) and not isinstance(positions, bool):
-        xp = _checks.creation_namespace(xp)
+    if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
+        xp = _checks.creation_namespace(xp, frequencies=frequencies)
         count = _checks.length("positions", positions, minimum=0)
+        if device is None and frequencies is not None:
+            device = array_api_compat.device(frequencies)
+        work = _working_dtype(xp, device)
+        p = xp.arange(count, device=device)  # integers: exact in every path
         if dtype is None:
             dtype = xpx.default_dtype(xp, device=device)
-        work = _working_dtype(xp, device)
-        p = xp.arange(count, dtype=work, device=device)
     else:
-        xp = _checks.creation_namespace(xp, positions=positions)
+        if not array_api_compat.is_array_api_obj(positions) or isinstance(positions, float):
+            raise TypeError(
+                "positions must be an array or an integer count, "
+                f"got {'None' if positions is None else type(positions).__name__}"
+            )
+        xp = _checks.creation_namespace(xp, positions=positions, frequencies=frequencies)
         if positions.ndim != 1:
             raise ValueError(
                 "positions must be an integer count or a 1-D array, "
@@ -127,17 +332,31 @@ def sinusoidal_position_encoding(
             floating = xp.isdtype(positions.dtype, "real floating")
             dtype = positions.dtype if floating else xpx.default_dtype(xp, device=device)
         work = _working_dtype(xp, device)
-        p = xp.astype(positions, work) if positions.dtype != work else positions
-    if not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"dtype must be a real floating dtype, got {dtype}")
-
-    # ω_k = base^(-2k/d), k = 0 … d/2 - 1
-    k = xp.arange(d_model // 2, dtype=work, device=device)
-    inv_freq = xp.exp(k * (-2.0 * math.log(base) / d_model))
-    angle = p[:, None] * inv_freq[None, :]
-    sin, cos = xp.sin(angle), xp.cos(angle)
+        p = positions
+    _checks.dtype("dtype", dtype, xp)
+    half = d_model // 2
+    if frequencies is not None:
+        _checks.floating(xp, frequencies=frequencies)
+        _checks.exact_shape("frequencies", frequencies, (half,), "(d_model/2,)")
+    sin, cos = _sin_cos(p, half, base, frequencies, work, xp, device)
     if layout == "interleaved":
         pe = xp.reshape(xp.stack((sin, cos), axis=-1), (p.shape[0], d_model))
     else:
         pe = xp.concat((sin, cos), axis=-1)
     return xp.astype(pe, dtype) if pe.dtype != dtype else pe
+
+
+def _sin_cos(
+    p: Any, half: int, base: float, frequencies: Any, work: Any, xp: Any, device: Any
+) -> tuple[Any, Any]:
+    """``sin(p·ω)``, ``cos(p·ω)`` of shape ``(P, half)`` in ``work``; ``ω`` given or standard."""
+    if frequencies is None and work != xp.float64:
+        cos, sin = _exact_angles(p, tuple(_host_frequencies(half, base, False)), work, xp, device)
+        return sin, cos
+    if frequencies is None:
+        omega = xp.asarray(_host_frequencies(half, base, False), dtype=work, device=device)
+    else:
+        omega = xp.astype(frequencies, work) if frequencies.dtype != work else frequencies
+    positions = xp.astype(p, work) if p.dtype != work else p
+    angle = positions[:, None] * omega[None, :]
+    return xp.sin(angle), xp.cos(angle)

@@ -160,7 +160,7 @@ def forward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
            [ True,  True, False]], dtype=array_api_strict.bool)
     """
     xp = _checks.creation_namespace(xp)
-    return _square(_checks.length("length", length), xp, device) < 0
+    return _square(_checks.length("length", length, minimum=0), xp, device) < 0
 
 
 def backward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
@@ -203,7 +203,7 @@ def backward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
            [False, False, False]], dtype=array_api_strict.bool)
     """
     xp = _checks.creation_namespace(xp)
-    return _square(_checks.length("length", length), xp, device) > 0
+    return _square(_checks.length("length", length, minimum=0), xp, device) > 0
 
 
 def diagonal_disabled_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
@@ -243,7 +243,7 @@ def diagonal_disabled_mask(length: int, *, xp: Any = None, device: Any = None) -
            [ True, False]], dtype=array_api_strict.bool)
     """
     xp = _checks.creation_namespace(xp)
-    return _square(_checks.length("length", length), xp, device) != 0
+    return _square(_checks.length("length", length, minimum=0), xp, device) != 0
 
 
 def padding_mask(lengths: Any, max_length: int) -> Any:

@@ -88,6 +88,7 @@ def update_memory(memory: Any, hidden: Any, memory_length: int) -> Any:
     """
     xp = _checks.namespace(hidden=hidden, optional={"memory": memory})
     keep = _checks.length("memory_length", memory_length, minimum=0)
+    _checks.floating(xp, hidden=hidden, memory=memory)
     _checks.ndim("hidden", hidden, 2, "(..., L, d)")
     if memory is None:
         combined = hidden
@@ -98,7 +99,7 @@ def update_memory(memory: Any, hidden: Any, memory_length: int) -> Any:
                 "memory and hidden must agree except along the length axis (-2), got "
                 f"memory {tuple(memory.shape)} and hidden {tuple(hidden.shape)}"
             )
-        dtype = xp.result_type(memory, hidden)
+        dtype = _checks.floating(xp, memory=memory, hidden=hidden)
         combined = xp.concat(
             (_checks.cast(xp, memory, dtype), _checks.cast(xp, hidden, dtype)), axis=-2
         )

@@ -242,6 +242,9 @@ def bilinear_scores(q: Any, k: Any, weight: Any) -> Any:
     _check_qk(q, k, same_features=False)
     d_q, d_k = q.shape[-1], k.shape[-1]
     _checks.ndim("weight", weight, 2, "(..., d_q, d_k)")
+    rows = weight.shape[-2]
+    if rows == d_q:  # the weight fits q: a mismatch is k's
+        _checks.features("k", k, "weight", weight, -1, "(..., d_q, d_k)")
     if tuple(weight.shape[-2:]) != (d_q, d_k):
         raise ValueError(
             f"weight must have shape (..., d_q, d_k) = (..., {d_q}, {d_k}), "
@@ -337,13 +340,16 @@ def additive_scores(
         q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, optional={"bias": bias}
     )
     dtype = _checks.floating(
-        xp, q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, optional={"bias": bias}
+        xp, q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, bias=bias
     )
     lead = _check_qk(q, k, same_features=False)
     d_q, d_k = q.shape[-1], k.shape[-1]
     _checks.ndim("query_weight", query_weight, 2, "(d_q, d_a)")
+    _checks.ndim("key_weight", key_weight, 2, "(d_k, d_a)")
     d_a = query_weight.shape[-1]
     _checks.exact_shape("query_weight", query_weight, (d_q, d_a), "(d_q, d_a)")
+    if key_weight.shape[-1] == d_a:
+        _checks.features("k", k, "key_weight", key_weight, 0, "(d_k, d_a)")
     _checks.exact_shape("key_weight", key_weight, (d_k, d_a), "(d_k, d_a)")
     _checks.exact_shape("v", v, (d_a,), "(d_a,)")
     if bias is not None:
@@ -363,13 +369,15 @@ def additive_scores(
         uk = uk + bias
     uk = uk[..., None, :, :]  # (..., 1, Lk, d_a)
     # Static chunk boundaries; the last stop is clipped (array-API slices must stay in bounds).
-    bounds = [(start, min(start + chunk, lq)) for start in range(0, lq, chunk)]
+    bounds = [(start, min(start + chunk, lq)) for start in range(0, lq, chunk)] or [(0, 0)]
     chunks = [xp.tanh(wq[..., start:stop, :, :] + uk) @ v for start, stop in bounds]
     return chunks[0] if len(chunks) == 1 else xp.concat(chunks, axis=-2)
 
 
 def _unit_rows(x: Any, xp: Any) -> Any:
     """Rows of ``x`` divided by their Euclidean norm; zero rows stay zero."""
+    if math.prod(x.shape) == 0:
+        return x  # no feature (every row is the zero row), or no row at all
     # Divide by the largest |x| first: the squared norm then lies in [1, d] and
     # can neither overflow (float16: |x| > 256) nor underflow.
     peak = xp.max(xp.abs(x), axis=-1, keepdims=True)

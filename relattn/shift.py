@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks
@@ -50,8 +51,8 @@ def unshift(x: Any, xp: Any) -> Any:
     full = lq + lk - 1
     if lq == 0 or lk == 0:
         # No pair: every column of the relative layout is zero (or there is no row).
-        pad = [(0, 0)] * (x.ndim - 1) + [(0, max(full, 0) - lk)]
-        return xpx.pad(x, pad, xp=xp) if lq else xp.reshape(x, (*batch, 0, max(full, 0)))
+        shape = (*batch, lq, max(full, 0))
+        return xp.zeros(shape, dtype=x.dtype, device=array_api_compat.device(x))
     if lq == 1:
         return x
     # Inverse of ``shift`` with a single padded copy: with one zero row above and

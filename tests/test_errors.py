@@ -6,12 +6,17 @@ same error with the same message: the table runs on every backend.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import relattn
 
@@ -59,7 +64,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
     ("pe-positions-negative", lambda b: _pe(b, -1, 4), V, r"^positions must be >= 0, got -1"),
     ("pe-positions-float", lambda b: _pe(b, 3.0, 4), T, r"^positions must be an array"),
     ("pe-positions-bool-array", lambda b: _pe(b, _m(b, 3), 4), T, r"^positions must be a real"),
-    ("pe-base-0", lambda b: _pe(b, 3, 4, base=0.0), V, r"^base must be positive, got 0"),
+    ("pe-base-0", lambda b: _pe(b, 3, 4, base=0.0), V, r"^base must be positive and finite, got 0"),
     ("pe-dtype-int", lambda b: _pe(b, 3, 4, dtype=b.xp.int64), T, r"^dtype must be a real float"),
     # -- scaled_dot_product_attention ----------------------------------------------------------
     ("sdpa-feature", lambda b: _sdpa(b, k=(5, 3)), V, r"^k must have the feature size of q, d = 4"),
@@ -228,15 +233,15 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -1,
                 lambda b: relattn.relative_distances(-1, 3, xp=b.lib),
                 V,
-                r">= 1, got -1",
+                r">= 0, got -1",
             ),
             (
                 relattn.relative_distances,
                 "key_length",
                 0,
-                lambda b: relattn.relative_distances(3, 0, xp=b.lib),
+                lambda b: relattn.relative_distances(3, -5, xp=b.lib),
                 V,
-                r">= 1, got 0",
+                r">= 0, got -5",
             ),
             (
                 relattn.relative_distances,
@@ -258,9 +263,9 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 relattn.relative_positions,
                 "query_length",
                 0,
-                lambda b: relattn.relative_positions(0, 3, xp=b.lib),
+                lambda b: relattn.relative_positions(-1, 3, xp=b.lib),
                 V,
-                r">= 1, got 0",
+                r">= 0, got -1",
             ),
             (
                 relattn.relative_positions,
@@ -268,7 +273,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -2,
                 lambda b: relattn.relative_positions(3, -2, xp=b.lib),
                 V,
-                r">= 1, got -2",
+                r">= 0, got -2",
             ),
             (
                 relattn.relative_positions,
@@ -284,7 +289,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -1,
                 lambda b: relattn.causal_mask(-1, 2, xp=b.lib),
                 V,
-                r">= 1, got -1",
+                r">= 0, got -1",
             ),
             (
                 relattn.causal_mask,
@@ -292,7 +297,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -1,
                 lambda b: relattn.causal_mask(2, -1, xp=b.lib),
                 V,
-                r">= 1, got -1",
+                r">= 0, got -1",
             ),
             (
                 relattn.causal_mask,
@@ -324,15 +329,15 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -3,
                 lambda b: relattn.local_window_mask(-3, 3, 1, xp=b.lib),
                 V,
-                r">= 1, got -3",
+                r">= 0, got -3",
             ),
             (
                 relattn.forward_mask,
                 "length",
                 0,
-                lambda b: relattn.forward_mask(0, xp=b.lib),
+                lambda b: relattn.forward_mask(-3, xp=b.lib),
                 V,
-                r">= 1, got 0",
+                r">= 0, got -3",
             ),
             (
                 relattn.backward_mask,
@@ -340,7 +345,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -1,
                 lambda b: relattn.backward_mask(-1, xp=b.lib),
                 V,
-                r">= 1, got -1",
+                r">= 0, got -1",
             ),
             (
                 relattn.diagonal_disabled_mask,
@@ -394,9 +399,9 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 relattn.rel_shift,
                 "key_length",
                 0,
-                lambda b: relattn.rel_shift(_f(b, 3, 2), 0),
+                lambda b: relattn.rel_shift(_f(b, 3, 2), -1),
                 V,
-                r">= 1, got 0",
+                r">= 0, got -1",
             ),
             (
                 relattn.rel_shift,
@@ -412,7 +417,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -4,
                 lambda b: relattn.relative_scores(_f(b, 3, 4), _f(b, 6, 4), -4),
                 V,
-                r">= 1, got -4",
+                r">= 0, got -4",
             ),
             (
                 relattn.relative_table,
@@ -420,7 +425,7 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[Exception], str]] = [
                 -1,
                 lambda b: relattn.relative_table(_f(b, 3, 4), -1, 3),
                 V,
-                r">= 1, got -1",
+                r">= 0, got -1",
             ),
             (
                 relattn.relative_table,
@@ -731,3 +736,705 @@ def test_xp_top_level_jax_is_not_an_array_library():
 def test_xp_library_modules_are_accepted(module):
     lib = pytest.importorskip(module)
     assert relattn.causal_mask(2, 2, xp=lib).shape == (2, 2)
+
+
+# ============================================================================================
+# Every public function × every class of bad input × every backend
+# ============================================================================================
+#
+# SIGNATURES describes one valid call of each public function that takes arrays: its
+# required and optional array arguments (shape and kind: "f" real floating, "c" complex,
+# "i" integer, "b" boolean) and a call that takes them from a dict. The classes of bad
+# input below are generated from it, so a new function only needs its row here — and
+# ``test_every_public_function_is_covered`` fails until it has one.
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    call: Callable[[dict[str, Any]], Any]
+    required: dict[str, tuple[tuple[int, ...], str]]
+    optional: dict[str, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
+    #: name -> (shapes that differ from ``required``/``optional``, expected result shape)
+    empty: dict[str, tuple[dict[str, tuple[int, ...]], tuple[int, ...]]] = dataclasses.field(
+        default_factory=dict
+    )
+    #: Arguments that accept a Python integer instead of an array (no "not an array" case).
+    scalar_ok: tuple[str, ...] = ()
+    #: Required arguments that may be None (a term left out).
+    nullable: tuple[str, ...] = ()
+    #: name -> a dtype kind that is wrong for it, where the default one is not.
+    wrong: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Arguments of any dtype (no wrong-dtype case).
+    any_dtype: tuple[str, ...] = ()
+    #: Arguments that may be 0-d (they broadcast), where the default shape has axes.
+    zero_d_ok: tuple[str, ...] = ()
+
+
+def _attention_empties(table: str | None = None, width: Callable[[int, int], int] | None = None):
+    """Lq = 0, Lk = 0 and a batch of 0 for an attention function ``(B, Lq, d) …``."""
+
+    def shapes(b, lq, lk):
+        out = {"q": (b, lq, 4), "k": (b, lk, 4), "v": (b, lk, 2)}
+        if table is not None:
+            out[table] = (width(lq, lk), 4)
+        return out
+
+    return {
+        "Lq=0": (shapes(2, 0, 5), (2, 0, 2)),
+        "Lk=0": (shapes(2, 3, 0), (2, 3, 2)),
+        "batch=0": (shapes(0, 3, 5), (0, 3, 2)),
+    }
+
+
+_QKV = {"q": ((2, 3, 4), "f"), "k": ((2, 5, 4), "f"), "v": ((2, 5, 2), "f")}
+_ATTENTION_OPTIONAL = {
+    "mask": ((3, 5), "b"),
+    "bias": ((3, 5), "f"),
+    "relative_bias": ((7,), "f"),
+}
+
+
+def _full(lq: int, lk: int) -> int:
+    return lq + lk - 1
+
+
+SIGNATURES: dict[str, Signature] = {
+    "scaled_dot_product_attention": Signature(
+        lambda a: relattn.scaled_dot_product_attention(
+            a["q"],
+            a["k"],
+            a["v"],
+            mask=a.get("mask"),
+            bias=a.get("bias"),
+            relative_bias=a.get("relative_bias"),
+        ),
+        dict(_QKV),
+        dict(_ATTENTION_OPTIONAL),
+        _attention_empties(),
+        zero_d_ok=("mask", "bias"),
+    ),
+    "relative_attention": Signature(
+        lambda a: relattn.relative_attention(
+            a["q"],
+            a["k"],
+            a["v"],
+            a["position_table"],
+            content_bias=a.get("content_bias"),
+            position_bias=a.get("position_bias"),
+            mask=a.get("mask"),
+            bias=a.get("bias"),
+            relative_bias=a.get("relative_bias"),
+            value_table=a.get("value_table"),
+        ),
+        {**_QKV, "position_table": ((7, 4), "f")},
+        {
+            **_ATTENTION_OPTIONAL,
+            "content_bias": ((4,), "f"),
+            "position_bias": ((4,), "f"),
+            "value_table": ((7, 2), "f"),
+        },
+        _attention_empties("position_table", _full),
+        nullable=("position_table",),
+        zero_d_ok=("mask", "bias", "content_bias", "position_bias"),
+    ),
+    "shaw_attention": Signature(
+        lambda a: relattn.shaw_attention(
+            a["q"],
+            a["k"],
+            a["v"],
+            a["key_table"],
+            a.get("value_table"),
+            mask=a.get("mask"),
+            bias=a.get("bias"),
+            relative_bias=a.get("relative_bias"),
+        ),
+        {**_QKV, "key_table": ((5, 4), "f")},
+        {**_ATTENTION_OPTIONAL, "value_table": ((3, 2), "f")},
+        _attention_empties(),
+        nullable=("key_table",),
+        zero_d_ok=("mask", "bias"),
+    ),
+    "disentangled_attention": Signature(
+        lambda a: relattn.disentangled_attention(
+            a["q"],
+            a["k"],
+            a["v"],
+            a["key_position_table"],
+            a["query_position_table"],
+            mask=a.get("mask"),
+            bias=a.get("bias"),
+            relative_bias=a.get("relative_bias"),
+        ),
+        {**_QKV, "key_position_table": ((7, 4), "f"), "query_position_table": ((7, 4), "f")},
+        dict(_ATTENTION_OPTIONAL),
+        {
+            name: ({**shapes, "key_position_table": (w, 4), "query_position_table": (w, 4)}, out)
+            for (name, (shapes, out)), w in zip(
+                _attention_empties().items(), (4, 2, 7), strict=True
+            )
+        },
+        nullable=("key_position_table", "query_position_table"),
+        zero_d_ok=("mask", "bias"),
+    ),
+    "complex_attention": Signature(
+        lambda a: relattn.complex_attention(a["q"], a["k"], a["v"], mask=a.get("mask")),
+        {"q": ((2, 3, 4), "c"), "k": ((2, 5, 4), "c"), "v": ((2, 5, 2), "c")},
+        {"mask": ((3, 5), "b")},
+        {
+            "Lq=0": ({"q": (2, 0, 4)}, (2, 0, 2)),
+            "Lk=0": ({"k": (2, 0, 4), "v": (2, 0, 2)}, (2, 3, 2)),
+        },
+        wrong={"v": "i"},
+        zero_d_ok=("mask",),
+    ),
+    "complex_linear": Signature(
+        lambda a: relattn.complex_linear(a["x"], a["weight"], bias=a.get("bias")),
+        {"x": ((3, 4), "c"), "weight": ((4, 2), "c")},
+        {"bias": ((2,), "c")},
+        {"L=0": ({"x": (0, 4)}, (0, 2))},
+        wrong={"x": "i", "bias": "i"},
+        zero_d_ok=("bias",),
+    ),
+    "complex_order_embedding": Signature(
+        lambda a: relattn.complex_order_embedding(
+            a["amplitude"], a["frequency"], a["phase"], a["positions"]
+        ),
+        {
+            "amplitude": ((3, 4), "f"),
+            "frequency": ((3, 4), "f"),
+            "phase": ((3, 4), "f"),
+            "positions": ((3,), "i"),
+        },
+        wrong={"positions": "b"},
+        empty={
+            "L=0": (
+                {"amplitude": (0, 4), "frequency": (0, 4), "phase": (0, 4), "positions": (0,)},
+                (0, 4),
+            )
+        },
+    ),
+    "masked_softmax": Signature(
+        lambda a: relattn.masked_softmax(a["scores"], a.get("mask")),
+        {"scores": ((2, 3, 5), "f")},
+        {"mask": ((3, 5), "b")},
+        {"Lk=0": ({"scores": (2, 3, 0)}, (2, 3, 0)), "Lq=0": ({"scores": (2, 0, 5)}, (2, 0, 5))},
+        zero_d_ok=("mask",),
+    ),
+    "dot_product_scores": Signature(
+        lambda a: relattn.dot_product_scores(a["q"], a["k"]),
+        {"q": ((3, 4), "f"), "k": ((5, 4), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0, 5)), "Lk=0": ({"k": (0, 4)}, (3, 0))},
+    ),
+    "scaled_dot_product_scores": Signature(
+        lambda a: relattn.scaled_dot_product_scores(a["q"], a["k"]),
+        {"q": ((3, 4), "f"), "k": ((5, 4), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0, 5)), "Lk=0": ({"k": (0, 4)}, (3, 0))},
+    ),
+    "cosine_scores": Signature(
+        lambda a: relattn.cosine_scores(a["q"], a["k"]),
+        {"q": ((3, 4), "f"), "k": ((5, 4), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0, 5)), "d=0": ({"q": (3, 0), "k": (5, 0)}, (3, 5))},
+    ),
+    "bilinear_scores": Signature(
+        lambda a: relattn.bilinear_scores(a["q"], a["k"], a["weight"]),
+        {"q": ((3, 4), "f"), "k": ((5, 2), "f"), "weight": ((4, 2), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0, 5)), "Lk=0": ({"k": (0, 2)}, (3, 0))},
+    ),
+    "additive_scores": Signature(
+        lambda a: relattn.additive_scores(
+            a["q"], a["k"], a["query_weight"], a["key_weight"], a["v"], bias=a.get("bias")
+        ),
+        {
+            "q": ((3, 4), "f"),
+            "k": ((5, 2), "f"),
+            "query_weight": ((4, 6), "f"),
+            "key_weight": ((2, 6), "f"),
+            "v": ((6,), "f"),
+        },
+        {"bias": ((6,), "f")},
+        {"Lq=0": ({"q": (0, 4)}, (0, 5)), "Lk=0": ({"k": (0, 2)}, (3, 0))},
+    ),
+    "location_scores": Signature(
+        lambda a: relattn.location_scores(a["q"], a["weight"]),
+        {"q": ((3, 4), "f"), "weight": ((4, 6), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0, 6))},
+    ),
+    "relative_scores": Signature(
+        lambda a: relattn.relative_scores(a["q"], a["table"], 5, bias=a.get("bias")),
+        {"q": ((3, 4), "f"), "table": ((7, 4), "f")},
+        {"bias": ((4,), "f")},
+        {"Lq=0": ({"q": (0, 4), "table": (4, 4)}, (0, 5))},
+        zero_d_ok=("bias",),
+    ),
+    "relative_bias": Signature(
+        lambda a: relattn.relative_bias(a["values"], 3, 5),
+        {"values": ((2, 7), "f")},
+        empty={"heads=0": ({"values": (0, 7)}, (0, 3, 5))},
+    ),
+    "relative_position_bucket": Signature(
+        lambda a: relattn.relative_position_bucket(a["distances"]),
+        {"distances": ((7,), "i")},
+        empty={"W=0": ({"distances": (0,)}, (0,))},
+        zero_d_ok=("distances",),
+    ),
+    "log_bucket_position": Signature(
+        lambda a: relattn.log_bucket_position(a["distances"], bucket_size=8, max_position=64),
+        {"distances": ((7,), "i")},
+        empty={"W=0": ({"distances": (0,)}, (0,))},
+        zero_d_ok=("distances",),
+    ),
+    "rotary_position_embedding": Signature(
+        lambda a: relattn.rotary_position_embedding(
+            a["x"], a.get("positions"), frequencies=a.get("frequencies")
+        ),
+        {"x": ((2, 3, 4), "f")},
+        {"positions": ((3,), "i"), "frequencies": ((2,), "f")},
+        {"L=0": ({"x": (2, 0, 4), "positions": (0,)}, (2, 0, 4))},
+        wrong={"positions": "b"},
+    ),
+    "rel_shift": Signature(
+        lambda a: relattn.rel_shift(a["x"], 5),
+        {"x": ((2, 3, 7), "f")},
+        empty={"Lq=0": ({"x": (2, 0, 4)}, (2, 0, 5))},
+        any_dtype=("x",),
+    ),
+    "rel_unshift": Signature(
+        lambda a: relattn.rel_unshift(a["x"]),
+        {"x": ((2, 3, 5), "f")},
+        empty={"Lq=0": ({"x": (2, 0, 5)}, (2, 0, 4)), "Lk=0": ({"x": (2, 3, 0)}, (2, 3, 2))},
+        any_dtype=("x",),
+    ),
+    "relative_table": Signature(
+        lambda a: relattn.relative_table(a["table"], 3, 5),
+        {"table": ((5, 4), "f")},
+        any_dtype=("table",),
+    ),
+    "mask_to_bias": Signature(
+        lambda a: relattn.mask_to_bias(a["mask"], dtype=_dtype_of(a["mask"], "float64")),
+        {"mask": ((3, 5), "b")},
+        empty={"empty": ({"mask": (0, 5)}, (0, 5))},
+        zero_d_ok=("mask",),
+    ),
+    "padding_mask": Signature(
+        lambda a: relattn.padding_mask(a["lengths"], 4),
+        {"lengths": ((3,), "i")},
+        empty={"B=0": ({"lengths": (0,)}, (0, 4))},
+    ),
+    "split_heads": Signature(
+        lambda a: relattn.split_heads(a["x"], 2),
+        {"x": ((3, 4), "f")},
+        empty={"L=0": ({"x": (0, 4)}, (2, 0, 2))},
+        any_dtype=("x",),
+    ),
+    "merge_heads": Signature(
+        lambda a: relattn.merge_heads(a["x"]),
+        {"x": ((2, 3, 4), "f")},
+        empty={"L=0": ({"x": (2, 0, 4)}, (0, 8))},
+        any_dtype=("x",),
+    ),
+    "update_memory": Signature(
+        lambda a: relattn.update_memory(a.get("memory"), a["hidden"], 3),
+        {"hidden": ((2, 4), "f")},
+        {"memory": ((3, 4), "f")},
+        {"L=0": ({"hidden": (0, 4)}, (0, 4))},
+    ),
+    "stop_gradient": Signature(
+        lambda a: relattn.stop_gradient(a["x"]),
+        {"x": ((3,), "f")},
+        any_dtype=("x",),
+        zero_d_ok=("x",),
+    ),
+    "sinusoidal_position_encoding": Signature(
+        lambda a: relattn.sinusoidal_position_encoding(
+            a["positions"], 4, frequencies=a.get("frequencies")
+        ),
+        {"positions": ((3,), "f")},
+        {"frequencies": ((2,), "f")},
+        {"P=0": ({"positions": (0,)}, (0, 4))},
+        scalar_ok=("positions",),
+        wrong={"positions": "b"},
+    ),
+    "multi_dimensional_attention": Signature(
+        lambda a: relattn.multi_dimensional_attention(
+            a["h"], a["query_weight"], a["key_weight"], a["bias"], mask=a.get("mask")
+        ),
+        {
+            "h": ((2, 3, 4), "f"),
+            "query_weight": ((4, 4), "f"),
+            "key_weight": ((4, 4), "f"),
+            "bias": ((4,), "f"),
+        },
+        {"mask": ((3, 3), "b")},
+        {"L=0": ({"h": (2, 0, 4)}, (2, 0, 4))},
+        zero_d_ok=("mask",),
+    ),
+    "source2token_attention": Signature(
+        lambda a: relattn.source2token_attention(
+            a["h"], a["weight1"], a["bias1"], a["weight"], a["bias"], mask=a.get("mask")
+        ),
+        {
+            "h": ((2, 3, 4), "f"),
+            "weight1": ((4, 4), "f"),
+            "bias1": ((4,), "f"),
+            "weight": ((4, 4), "f"),
+            "bias": ((4,), "f"),
+        },
+        {"mask": ((3,), "b")},
+        {"L=0": ({"h": (2, 0, 4)}, (2, 4))},
+        zero_d_ok=("mask",),
+    ),
+    "predicted_positions": Signature(
+        lambda a: relattn.predicted_positions(a["q"], a["weight"], a["v"], 5),
+        {"q": ((3, 4), "f"), "weight": ((4, 6), "f"), "v": ((6,), "f")},
+        empty={"Lq=0": ({"q": (0, 4)}, (0,))},
+    ),
+    "local_p_weights": Signature(
+        lambda a: relattn.local_p_weights(a["scores"], a["positions"], 2, mask=a.get("mask")),
+        {"scores": ((3, 5), "f"), "positions": ((3,), "f")},
+        {"mask": ((3, 5), "b")},
+        {"Lq=0": ({"scores": (0, 5), "positions": (0,)}, (0, 5))},
+        wrong={"positions": "b"},
+        zero_d_ok=("mask",),
+    ),
+}
+
+#: Public functions without array arguments: they take ``xp=`` (see CREATION above).
+NO_ARRAYS = {
+    "alibi_slopes",
+    "backward_mask",
+    "causal_mask",
+    "diagonal_disabled_mask",
+    "forward_mask",
+    "inverse_frequencies",
+    "local_window_mask",
+    "relative_distances",
+    "relative_positions",
+}
+
+_KIND_DTYPES = {"f": "float64", "c": "complex128", "i": "int64", "b": "bool"}
+
+
+def _dtype_of(x: Any, name: str) -> Any:
+    """The dtype ``name`` of ``x``'s library (NumPy's when ``x`` is not an array)."""
+    import array_api_compat
+
+    if not array_api_compat.is_array_api_obj(x):
+        return getattr(np, name)
+    return getattr(array_api_compat.array_namespace(x), name)
+
+
+def _make(b: Any, shape: tuple[int, ...], kind: str, seed: int = 0) -> Any:
+    rng = np.random.default_rng(seed)
+    if kind == "f":
+        a = rng.normal(size=shape)
+    elif kind == "c":
+        a = rng.normal(size=shape) + 1j * rng.normal(size=shape)
+    elif kind == "i":
+        a = rng.integers(0, 4, size=shape)
+    else:
+        a = rng.random(shape) < 0.7
+    return b.asarray(a, _KIND_DTYPES[kind])
+
+
+def _arrays(b: Any, sig: Signature, *, optional: tuple[str, ...] = (), **shapes: Any) -> dict:
+    specs = {**sig.required, **{n: sig.optional[n] for n in optional}}
+    return {
+        name: _make(b, shapes.get(name, shape), kind, seed)
+        for seed, (name, (shape, kind)) in enumerate(specs.items())
+    }
+
+
+def _cases(select: Callable[[str, Signature], list]) -> list:
+    return [
+        pytest.param(name, *case, id="-".join([name, *(str(c) for c in case)]))
+        for name, sig in SIGNATURES.items()
+        for case in select(name, sig)
+    ]
+
+
+def test_every_public_function_is_covered():
+    """A new public function needs a row in SIGNATURES (or NO_ARRAYS and CREATION)."""
+    missing = set(relattn.__all__) - set(SIGNATURES) - NO_ARRAYS
+    assert not missing, f"add these to SIGNATURES in tests/test_errors.py: {sorted(missing)}"
+    assert set(SIGNATURES) | NO_ARRAYS <= set(relattn.__all__)
+    assert NO_ARRAYS - {"alibi_slopes", "inverse_frequencies"} <= set(CREATION)
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signature_row_is_a_valid_call(backend, name):
+    """The rows themselves are right: every optional array given, the call succeeds."""
+    sig = SIGNATURES[name]
+    out = sig.call(_arrays(backend, sig, optional=tuple(sig.optional)))
+    assert backend.array_module_of(out)
+
+
+_NOT_ARRAYS = {"None": None, "list": [[1.0, 2.0]], "float": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("name", "arg", "what"),
+    _cases(
+        lambda name, sig: [
+            (arg, what)
+            for arg in sig.required
+            for what in _NOT_ARRAYS
+            if not (arg in sig.scalar_ok and what == "float")
+            and not (arg in sig.nullable and what == "None")
+        ]
+    ),
+)
+def test_missing_array_is_a_type_error(backend, name, arg, what):
+    sig = SIGNATURES[name]
+    arrays = _arrays(backend, sig)
+    arrays[arg] = _NOT_ARRAYS[what]
+    with pytest.raises(TypeError, match=rf"^{arg} must be an array.*got {what}") as info:
+        sig.call(arrays)
+    assert type(info.value) is TypeError
+
+
+@pytest.mark.parametrize(
+    ("name", "arg", "what"),
+    _cases(lambda name, sig: [(arg, what) for arg in sig.optional for what in ("list", "float")]),
+)
+def test_optional_argument_not_an_array_is_a_type_error(backend, name, arg, what):
+    sig = SIGNATURES[name]
+    arrays = _arrays(backend, sig)
+    arrays[arg] = _NOT_ARRAYS[what]
+    with pytest.raises(TypeError, match=rf"^{arg} must be an array.*got {what}"):
+        sig.call(arrays)
+
+
+_WRONG_KIND = {"f": "i", "c": "f", "i": "f", "b": "f"}
+
+
+@pytest.mark.parametrize(
+    ("name", "arg"),
+    _cases(
+        lambda name, sig: [
+            (arg,) for arg in (*sig.required, *sig.optional) if arg not in sig.any_dtype
+        ]
+    ),
+)
+def test_wrong_dtype_is_a_type_error_naming_the_argument(backend, name, arg):
+    sig = SIGNATURES[name]
+    shape, kind = {**sig.required, **sig.optional}[arg]
+    arrays = _arrays(backend, sig, optional=(arg,) if arg in sig.optional else ())
+    arrays[arg] = _make(backend, shape, sig.wrong.get(arg, _WRONG_KIND[kind]))
+    with pytest.raises(TypeError, match=rf"^{arg} must "):
+        sig.call(arrays)
+
+
+@pytest.mark.parametrize(
+    ("name", "arg"),
+    _cases(
+        lambda name, sig: [
+            (arg,)
+            for arg, (shape, _) in {**sig.required, **sig.optional}.items()
+            if shape and arg not in sig.zero_d_ok
+        ]
+    ),
+)
+def test_zero_dimensional_array_is_rejected_naming_the_argument(backend, name, arg):
+    """A 0-d array where an axis is needed: ValueError naming the argument (never IndexError)."""
+    sig = SIGNATURES[name]
+    _, kind = {**sig.required, **sig.optional}[arg]
+    arrays = _arrays(backend, sig, optional=(arg,) if arg in sig.optional else ())
+    arrays[arg] = _make(backend, (), kind)
+    with pytest.raises((ValueError, TypeError), match=rf"^{arg} must "):
+        sig.call(arrays)
+
+
+def _other_library(b: Any) -> str:
+    return "torch" if b.module == "numpy" else "numpy"
+
+
+@pytest.mark.parametrize(
+    ("name", "arg"),
+    _cases(lambda name, sig: [(arg,) for arg in (*sig.required, *sig.optional)]),
+)
+def test_mixed_libraries_name_the_argument(backend, name, arg):
+    sig = SIGNATURES[name]
+    other = _other_library(backend)
+    if len(sig.required) + (arg in sig.optional) < 2:
+        pytest.skip("a single array cannot mix libraries")
+    module = pytest.importorskip(other)
+    arrays = _arrays(backend, sig, optional=(arg,) if arg in sig.optional else ())
+    host = np.asarray(backend.to_numpy(arrays[arg]))
+    arrays[arg] = module.asarray(host)
+    with pytest.raises(TypeError, match=rf"different libraries.*{arg} is a {other}"):
+        sig.call(arrays)
+
+
+@pytest.mark.parametrize(
+    ("name", "case"), _cases(lambda name, sig: [(case,) for case in sig.empty])
+)
+def test_empty_axes(backend, name, case):
+    """SPEC §1: Lq = 0 gives an empty result, Lk = 0 zeros, a batch of 0 an empty result."""
+    sig = SIGNATURES[name]
+    shapes, expected = sig.empty[case]
+    optional = tuple(n for n in sig.optional if n in shapes)
+    out = sig.call(_arrays(backend, sig, optional=optional, **shapes))
+    assert tuple(out.shape) == expected
+    host = backend.to_numpy(out)
+    if host.dtype.kind in "fc":
+        assert np.all(np.isfinite(host))
+        if case == "Lk=0":
+            assert np.all(host == 0)
+
+
+ATTENTION = ("scaled_dot_product_attention", "relative_attention", "shaw_attention",
+             "disentangled_attention")  # fmt: skip
+
+
+def _attend(b: Any, name: str, **kw: Any) -> Any:
+    sig = SIGNATURES[name]
+    a = _arrays(b, sig)
+    fn = getattr(relattn, name)
+    return fn(*(a[n] for n in sig.required), **kw)
+
+
+@pytest.mark.parametrize("name", [*ATTENTION, "complex_attention", "scaled_dot_product_scores"])
+@pytest.mark.parametrize(
+    ("scale", "error", "match"),
+    [
+        ("a", TypeError, r"^scale must be a real number, got str"),
+        (True, TypeError, r"^scale must be a real number, got bool"),
+        (float("nan"), ValueError, r"^scale must be finite"),
+        (float("inf"), ValueError, r"^scale must be finite"),
+        ([1.0], TypeError, r"^scale must be a real number, got list"),
+    ],
+    ids=["str", "bool", "nan", "inf", "list"],
+)
+def test_bad_scale(backend, name, scale, error, match):
+    with pytest.raises(error, match=match):
+        _attend(backend, name, scale=scale)
+
+
+@pytest.mark.parametrize("name", ATTENTION)
+@pytest.mark.parametrize("causal", ["yes", 1, None])
+def test_causal_must_be_a_bool(backend, name, causal):
+    with pytest.raises(TypeError, match=r"^causal must be a bool"):
+        _attend(backend, name, causal=causal)
+
+
+@pytest.mark.parametrize("name", ATTENTION)
+@pytest.mark.parametrize(
+    ("block_size", "error"),
+    [(0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError)],
+)
+def test_bad_block_size(backend, name, block_size, error):
+    with pytest.raises(error, match=r"^block_size must be"):
+        _attend(backend, name, block_size=block_size)
+
+
+@pytest.mark.parametrize("name", [*ATTENTION, "complex_attention", "scaled_dot_product_scores"])
+def test_zero_features_need_an_explicit_scale(backend, name):
+    """d = 0 with the default 1/√d: ValueError naming q; with a scale, a defined result."""
+    sig = SIGNATURES[name]
+    shapes = {n: (*s[:-1], 0) for n, (s, _) in sig.required.items() if n != "v"}
+    arrays = _arrays(backend, sig, **shapes)
+    fn = getattr(relattn, name)
+    with pytest.raises(ValueError, match=r"^q must have a feature size d >= 1"):
+        fn(*(arrays[n] for n in sig.required))
+    out = fn(*(arrays[n] for n in sig.required), scale=1.0)
+    assert np.all(np.isfinite(backend.to_numpy(out)))
+
+
+@pytest.mark.parametrize(
+    ("axis", "error", "match"),
+    [
+        (5, ValueError, r"^axis must be in \[-3, 3\).*got 5"),
+        (-4, ValueError, r"^axis must be in \[-3, 3\)"),
+        (1.5, TypeError, r"^axis must be an integer, got float"),
+        (None, TypeError, r"^axis must be an integer, got NoneType"),
+    ],
+)
+def test_masked_softmax_bad_axis(backend, axis, error, match):
+    with pytest.raises(error, match=match):
+        relattn.masked_softmax(_f(backend, 2, 3, 4), axis=axis)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "numpy.float32", "torch.float32", "strict.float32"])
+def test_mask_to_bias_dtype_of_another_library(backend, dtype):
+    """A string or another library's dtype is a TypeError naming dtype (never accepted by luck)."""
+    if dtype == "float32":
+        value: Any = "float32"
+    else:
+        library = {"numpy": "numpy", "torch": "torch", "strict": "array_api_strict"}[
+            dtype.partition(".")[0]
+        ]
+        module = pytest.importorskip(library)
+        if library == backend.module or (library == "numpy" and backend.module in
+                                          ("jax.numpy", "dask.array")):  # fmt: skip
+            pytest.skip("that library's dtype is this backend's own")
+        value = module.float32
+    with pytest.raises(TypeError, match=r"^dtype must be a"):
+        relattn.mask_to_bias(_m(backend, 2, 2), dtype=value)
+
+
+@pytest.mark.parametrize("kind", ["i", "b"])
+@pytest.mark.parametrize("which", ["memory", "hidden"])
+def test_update_memory_needs_floating_arrays(backend, kind, which):
+    arrays = {"memory": _f(backend, 2, 4), "hidden": _f(backend, 3, 4)}
+    arrays[which] = _make(backend, (2, 4) if which == "memory" else (3, 4), kind)
+    with pytest.raises(TypeError, match=rf"^{which} must have a real floating dtype"):
+        relattn.update_memory(arrays["memory"], arrays["hidden"], 3)
+
+
+def test_wrong_key_features_are_reported_under_k(backend):
+    with pytest.raises(ValueError, match=r"^k must have 3 features to match weight"):
+        relattn.bilinear_scores(_f(backend, 3, 4), _f(backend, 5, 2), _f(backend, 4, 3))
+    with pytest.raises(ValueError, match=r"^k must have 2 features to match key_weight"):
+        relattn.additive_scores(
+            _f(backend, 3, 4), _f(backend, 5, 3), _f(backend, 4, 6), _f(backend, 2, 6),
+            _f(backend, 6),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", ["relative_distances", "relative_table"])
+@pytest.mark.parametrize("causal", ["yes", 1])
+def test_causal_flag_of_the_layout_functions(backend, fn, causal):
+    with pytest.raises(TypeError, match=r"^causal must be a bool"):
+        if fn == "relative_distances":
+            relattn.relative_distances(2, 3, causal=causal, xp=backend.lib)
+        else:
+            relattn.relative_table(_f(backend, 3, 2), 2, 3, causal=causal)
+
+
+# --------------------------------------------------------------------------------------------
+# Fuzz: random shapes, dtypes and missing arrays never escape as anything but
+# ValueError / TypeError raised by relattn itself
+# --------------------------------------------------------------------------------------------
+
+_RELATTN_DIR = str(Path(relattn.__file__).parent)
+
+
+def _raised_by_relattn(error: BaseException) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_RELATTN_DIR)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_fuzz_bad_input_is_a_clean_error(backend, data):
+    name = data.draw(st.sampled_from(sorted(SIGNATURES)), label="function")
+    sig = SIGNATURES[name]
+    arrays: dict[str, Any] = {}
+    for arg, (_, kind) in {**sig.required, **sig.optional}.items():
+        if arg in sig.optional and data.draw(st.booleans(), label=f"{arg} absent"):
+            continue
+        choice = data.draw(st.sampled_from(["array", "array", "array", "None", "list"]))
+        if choice != "array":
+            arrays[arg] = None if choice == "None" else [1.0]
+            continue
+        shape = tuple(data.draw(st.lists(st.integers(0, 4), max_size=3), label=f"{arg} shape"))
+        drawn = data.draw(st.sampled_from([kind, kind, "f", "i", "b", "c"]), label=f"{arg} kind")
+        arrays[arg] = _make(backend, shape, drawn)
+    try:
+        out = sig.call(arrays)
+    except (ValueError, TypeError) as e:
+        assert _raised_by_relattn(e), f"{type(e).__name__} from inside a library: {e}"
+        return
+    host = backend.to_numpy(out)
+    if host.dtype.kind in "fc":
+        assert not np.any(np.isnan(host)), "NaN in a result"

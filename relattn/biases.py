@@ -1,0 +1,317 @@
+"""Scalar biases per relative distance: the expansion to ``(Lq, Lk)``, T5 buckets, ALiBi slopes.
+
+A bias that depends on the distance ``δ = j - (i + Lk - Lq)`` alone is given
+once per column of the relative layout, ``values (..., W)``; the attention
+functions take it unexpanded (``relative_bias=``), and
+:func:`relative_bias` expands it to the Toeplitz matrix ``(..., Lq, Lk)``.
+T5 (Raffel et al. 2020) gathers the values from a learned table by bucket
+(:func:`relative_position_bucket`), DeBERTa-v2 indexes its tables by
+:func:`log_bucket_position`, and ALiBi (Press et al. 2022) multiplies the
+distance by a slope per head (:func:`alibi_slopes`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat
+import array_api_extra as xpx
+
+from . import _checks, core
+from .encodings import _working_dtype
+from .shift import shift
+
+__all__ = ["alibi_slopes", "log_bucket_position", "relative_bias", "relative_position_bucket"]
+
+
+def relative_bias(values: Any, query_length: int, key_length: int) -> Any:
+    """Expand one bias per distance to every query–key pair (a Toeplitz matrix).
+
+    Parameters
+    ----------
+    values : array of shape (..., W), real floating
+        ``b[m]`` for the distance ``δ = m - (Lk - 1)`` of column ``m`` of the
+        relative layout: ``W = Lq + Lk - 1`` (full layout) or ``W = Lk``
+        (causal layout, ``δ <= 0``). Leading dimensions (heads) are kept.
+    query_length, key_length : int
+        ``Lq`` and ``Lk``, both ``>= 0``.
+
+    Returns
+    -------
+    array of shape (..., Lq, Lk), dtype of ``values``
+        ``out[..., i, j] = values[..., δ(i, j) + Lk - 1]``. In the causal
+        layout the pairs with ``δ > 0`` have no value: they get half the most
+        negative finite value of the dtype, as :func:`mask_to_bias` gives to
+        masked pairs (finite, so that sums stay NaN-free in float16).
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is 0-d, its width fits neither layout, or a length is
+        negative.
+    TypeError
+        If ``values`` is not a real floating array or a length not an integer.
+
+    See Also
+    --------
+    relative_position_bucket : T5's bucket of each distance.
+    alibi_slopes : ALiBi's slope per head.
+    scaled_dot_product_attention : takes ``values`` unexpanded as ``relative_bias=``.
+
+    Notes
+    -----
+    Raffel et al. 2020, §2.1: "a scalar is added to the corresponding logit
+    ... each head uses a different learned position embedding", shared across
+    layers; Press et al. 2022, §3: ``softmax(q_i Kᵀ + m · [-(i-1), …, -1, 0])``.
+    The expansion is :func:`rel_shift` of the broadcast values: no gather.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import relative_bias, relative_distances
+    >>> values = xp.astype(relative_distances(2, 3, xp=xp), xp.float64)   # b[δ] = δ
+    >>> relative_bias(values, 2, 3)
+    Array([[-1.,  0.,  1.],
+           [-2., -1.,  0.]], dtype=array_api_strict.float64)
+    """
+    xp = _checks.namespace(values=values)
+    _checks.floating(xp, values=values)
+    lq = _checks.length("query_length", query_length, minimum=0)
+    lk = _checks.length("key_length", key_length, minimum=0)
+    _checks.ndim("values", values, 1, "(..., W)")
+    width = core.relative_width("values", values.shape[-1], lq, lk)
+    fill = 0.0 if width == lq + lk - 1 else float(xp.finfo(values.dtype).min) / 2
+    rows = xp.broadcast_to(values[..., None, :], (*values.shape[:-1], lq, width))
+    return shift(rows, lk, xp, fill=fill)
+
+
+def _distances(distances: Any) -> Any:
+    xp = _checks.namespace(distances=distances)
+    if not xp.isdtype(distances.dtype, "integral"):
+        raise TypeError(
+            f"distances must be an integer array (relative positions), got dtype {distances.dtype}"
+        )
+    return xp
+
+
+def relative_position_bucket(
+    distances: Any, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> Any:
+    """T5's bucket of each relative distance: exact for small ones, logarithmic beyond.
+
+    Parameters
+    ----------
+    distances : array, integer dtype
+        ``δ = key position - query position`` (relattn's sign, T5's
+        ``memory_position - context_position``), any shape; e.g.
+        :func:`relative_distances` for one bucket per column of the relative
+        layout.
+    num_buckets : int, optional
+        Number of buckets, ``>= 2`` (32 in T5).
+    max_distance : int, optional
+        Distances from ``max_distance`` on share the last bucket (128 in T5);
+        more than ``n/2``, the distances that have a bucket each (``n`` the
+        buckets of one direction).
+    bidirectional : bool, optional
+        ``True`` (encoder): half the buckets for ``δ <= 0``, half for ``δ > 0``.
+        ``False`` (decoder): every bucket for ``δ <= 0``; ``δ > 0`` shares
+        bucket 0.
+
+    Returns
+    -------
+    array, shape of ``distances``, default integer dtype
+        Buckets in ``[0, num_buckets)``.
+
+    Raises
+    ------
+    ValueError
+        If ``num_buckets < 2`` or ``max_distance <= n/2`` (``n`` the buckets
+        of one direction), where the logarithmic spacing is undefined.
+    TypeError
+        If ``distances`` is not an integer array, or a parameter is not an
+        integer (``bidirectional`` not a bool).
+
+    See Also
+    --------
+    relative_bias : expands the gathered per-bucket values to ``(Lq, Lk)``.
+    relative_distances : the distance of each column of the relative layout.
+
+    Notes
+    -----
+    Raffel et al. 2020, §2.1, as Mesh TensorFlow's ``_relative_position_bucket``
+    computes it: with ``n = num_buckets / 2`` (bidirectional) or
+    ``num_buckets``, ``a = |δ|`` or ``max(-δ, 0)`` and ``e = ⌊n/2⌋``, the
+    bucket is ``a`` for ``a < e`` and
+    ``min(n - 1, e + ⌊ln(a/e) / ln(max_distance/e) · (n - e)⌋)`` otherwise;
+    bidirectional adds ``n`` for ``δ > 0``. The logarithm is taken in float64
+    where the device has it.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import relative_position_bucket
+    >>> d = xp.asarray([-200, -20, -3, 0, 3, 20, 200])
+    >>> relative_position_bucket(d, num_buckets=8, max_distance=20)
+    Array([3, 3, 2, 0, 6, 7, 7], dtype=array_api_strict.int64)
+    """
+    xp = _distances(distances)
+    num_buckets = _checks.length("num_buckets", num_buckets, minimum=2)
+    bidirectional = _checks.flag("bidirectional", bidirectional)
+    n = num_buckets // 2 if bidirectional else num_buckets
+    exact = n // 2
+    max_distance = _checks.length("max_distance", max_distance, minimum=1)
+    if exact > 0 and max_distance <= exact:
+        raise ValueError(
+            f"max_distance must be > n/2 = {exact}, the distances with a bucket of their own "
+            f"(n = {n} buckets per direction), got {max_distance}"
+        )
+    device = array_api_compat.device(distances)
+    integer = xpx.default_dtype(xp, "integral", device=device)
+    delta = xp.astype(distances, integer) if distances.dtype != integer else distances
+    zero = xp.zeros((), dtype=integer, device=device)
+    if bidirectional:
+        offset = xp.where(delta > 0, xp.full((), n, dtype=integer, device=device), zero)
+        a = xp.abs(delta)
+    else:
+        offset = zero
+        a = xp.maximum(-delta, zero)
+    if exact == 0:
+        return xp.asarray(offset + xp.minimum(a, xp.full((), n - 1, dtype=integer, device=device)))
+    work = _working_dtype(xp, device)
+    # a / e >= 1 wherever the value is used; elsewhere log(1) = 0 keeps it finite.
+    ratio = xp.astype(xp.maximum(a, xp.full((), exact, dtype=integer, device=device)), work)
+    steps = xp.log(ratio / exact) / math.log(max_distance / exact) * (n - exact)
+    large = exact + xp.astype(xp.floor(steps), integer)
+    large = xp.minimum(large, xp.full((), n - 1, dtype=integer, device=device))
+    # asarray: NumPy turns a 0-d result of scalar arithmetic into a NumPy scalar.
+    return xp.asarray(offset + xp.where(a < exact, a, large))
+
+
+def log_bucket_position(distances: Any, *, bucket_size: int, max_position: int) -> Any:
+    """DeBERTa-v2's log-bucketed relative position: exact near 0, logarithmic beyond.
+
+    Parameters
+    ----------
+    distances : array, integer dtype
+        Relative positions, any shape and sign (DeBERTa passes query minus key,
+        ``-δ``); the function is odd, so the sign passes through.
+    bucket_size : int
+        DeBERTa's ``position_buckets``, ``>= 2``; ``mid = bucket_size // 2``.
+    max_position : int
+        DeBERTa's ``max_relative_positions``, ``> mid + 1``.
+
+    Returns
+    -------
+    array, shape of ``distances``, default integer dtype
+        ``r`` itself where ``|r| <= mid``, else
+        ``sign(r) · (mid + ⌈ln(|r|/mid) / ln((max_position - 1)/mid) · (mid - 1)⌉)``.
+        Not bounded by ``±mid``: DeBERTa clips only when it indexes its table,
+        ``clip(bucket + k, 0, 2k - 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``bucket_size < 2`` or ``max_position <= bucket_size // 2 + 1``.
+    TypeError
+        If ``distances`` is not an integer array or a parameter not an integer.
+
+    See Also
+    --------
+    disentangled_attention : DeBERTa's attention, whose tables are indexed by it.
+    relative_position_bucket : T5's buckets.
+
+    Notes
+    -----
+    He et al. 2021 (DeBERTa), the v2 models' ``make_log_bucket_position``.
+    The logarithm is taken in float64 where the device has it.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import log_bucket_position
+    >>> log_bucket_position(xp.asarray([-300, -5, 0, 3, 10, 300]), bucket_size=8, max_position=64)
+    Array([-9, -5,  0,  3,  5,  9], dtype=array_api_strict.int64)
+    """
+    xp = _distances(distances)
+    bucket_size = _checks.length("bucket_size", bucket_size, minimum=2)
+    mid = bucket_size // 2
+    max_position = _checks.length("max_position", max_position, minimum=1)
+    if max_position <= mid + 1:
+        raise ValueError(
+            f"max_position must be > bucket_size // 2 + 1 = {mid + 1}, got {max_position}"
+        )
+    device = array_api_compat.device(distances)
+    integer = xpx.default_dtype(xp, "integral", device=device)
+    r = xp.astype(distances, integer) if distances.dtype != integer else distances
+    magnitude = xp.abs(r)
+    work = _working_dtype(xp, device)
+    # Where |r| <= mid the value is r itself; clamp the log's argument to >= mid there.
+    clamped = xp.astype(xp.maximum(magnitude, xp.full((), mid, dtype=integer, device=device)), work)
+    steps = xp.log(clamped / mid) / math.log((max_position - 1) / mid) * (mid - 1)
+    log_position = xp.astype(xp.ceil(steps), integer) + mid
+    signed = xp.where(r < 0, -log_position, log_position)
+    return xp.asarray(xp.where(magnitude <= mid, r, signed))
+
+
+def alibi_slopes(num_heads: int, *, dtype: Any = None, device: Any = None, xp: Any = None) -> Any:
+    """ALiBi's head-specific slopes ``m_h``.
+
+    Parameters
+    ----------
+    num_heads : int
+        ``H >= 1``.
+    dtype : dtype, optional
+        Real floating dtype of the result (default: the library's default).
+    device : device, optional
+        Device of the result.
+    xp : module, optional
+        Array library of the result (default NumPy).
+
+    Returns
+    -------
+    array of shape (H,)
+        ``m_h = 2^(-8h/H)``, ``h = 1 … H``, for ``H`` a power of 2. Otherwise,
+        with ``p`` the largest power of 2 below ``H``: the ``p`` slopes
+        ``2^(-8h/p)``, then ``2^(-8h/(2p))`` for ``h = 1, 3, 5, …``, the first
+        ``H - p`` of them (the authors' code, BLOOM, MPT).
+
+    Raises
+    ------
+    ValueError
+        If ``num_heads < 1``.
+    TypeError
+        If ``num_heads`` is not an integer or ``dtype`` not a real floating
+        dtype of the library.
+
+    See Also
+    --------
+    relative_bias : expands ``m_h · δ`` to ``(H, Lq, Lk)``.
+    relative_distances : ``δ`` of each column of the causal layout.
+
+    Notes
+    -----
+    Press et al. 2022, §3: "for 8 heads, the slopes are the geometric
+    sequence 1/2¹, 1/2², …, 1/2⁸"; the bias of query ``i`` and key ``j`` is
+    ``m_h · δ(i, j)`` (``δ <= 0`` in a causal model). A bidirectional encoder
+    uses ``-m_h · |δ|`` over the full layout. BLOOM and MPT add ``m_h · j``,
+    which differs by a constant per row and gives the same weights.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import alibi_slopes
+    >>> alibi_slopes(4, xp=xp) * 256                   # 2^-2, 2^-4, 2^-6, 2^-8
+    Array([64., 16.,  4.,  1.], dtype=array_api_strict.float64)
+    >>> alibi_slopes(3, xp=xp) * 256                   # 2^-4, 2^-8, then 2^-2
+    Array([16.,  1., 64.], dtype=array_api_strict.float64)
+    """
+    xp = _checks.creation_namespace(xp)
+    heads = _checks.length("num_heads", num_heads)
+    dtype = (
+        xpx.default_dtype(xp, device=device) if dtype is None else _checks.dtype("dtype", dtype, xp)
+    )
+    power = 2 ** math.floor(math.log2(heads))
+    slopes = [2.0 ** (-8.0 * h / power) for h in range(1, power + 1)]
+    slopes += [2.0 ** (-8.0 * h / (2 * power)) for h in range(1, 2 * (heads - power), 2)]
+    return xp.asarray(slopes, dtype=dtype, device=device)

@@ -1,0 +1,141 @@
+"""DeBERTa's disentangled attention (He et al. 2021)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _checks, core
+
+__all__ = ["disentangled_attention"]
+
+
+def disentangled_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    key_position_table: Any,
+    query_position_table: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    relative_bias: Any = None,
+    causal: bool = False,
+    scale: Any = None,
+    block_size: Any = None,
+) -> Any:
+    r"""Attention with content-to-content, content-to-position and position-to-content scores.
+
+    Parameters
+    ----------
+    q : array of shape (..., Lq, d), real floating
+        Content queries ``Q_c``.
+    k : array of shape (..., Lk, d), real floating
+        Content keys ``K_c``.
+    v : array of shape (..., Lk, d_v), real floating
+        Values.
+    key_position_table : array of shape (..., W, d), real floating, or None
+        ``Kʳ``, the projected relative position keys per column of the
+        relative layout (``δ = m - (Lk - 1)``): DeBERTa's ``pos_key_layer``
+        gathered at ``φ(δ)`` for each column. ``W = Lq + Lk - 1`` (full), or
+        ``Lk`` (causal layout, implies ``causal``). ``None``: no c2p term.
+    query_position_table : array of shape (..., W, d), real floating, or None
+        ``Qʳ``, the projected relative position queries, gathered the same way
+        (the same ``φ`` as the keys, as HF's code does). ``None``: no p2c term.
+    mask : array, bool, optional
+        ``True`` = may attend; broadcastable to the scores ``(..., Lq, Lk)``.
+    bias : array, real floating, optional
+        Added to the scaled scores; broadcastable to ``(..., Lq, Lk)``.
+    relative_bias : array of shape (..., W), real floating, optional
+        One value per distance, added to the scaled scores.
+    causal : bool, optional
+        Mask the keys after each query (``δ > 0``).
+    scale : float or 0-d array, optional
+        Score scale; by default ``1/√(3d)`` with both tables, ``1/√(2d)``
+        with one (DeBERTa's ``scale_factor = 1 + len(pos_att_type)``).
+    block_size : int, optional
+        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
+
+    Returns
+    -------
+    array of shape (..., Lq, d_v)
+        ``softmax(A · scale + bias, mask) v`` in the promoted input dtype;
+        queries with no allowed key give zero rows.
+
+    Raises
+    ------
+    ValueError
+        If shapes do not match (feature sizes, table widths that fit neither
+        layout, leading dimensions, ``mask``, ``bias``, ``relative_bias``),
+        ``d = 0`` with the default scale, or ``block_size < 1``.
+    TypeError
+        If an input is not a real floating array, ``mask`` is not boolean,
+        ``causal`` not a bool, ``scale`` not a real number, or the arrays come
+        from different libraries.
+
+    See Also
+    --------
+    log_bucket_position : DeBERTa-v2's bucket ``φ`` of each distance.
+    relative_attention : Transformer-XL's scores, the c2p term with a bias ``v``.
+
+    Notes
+    -----
+    He et al. 2021, eq. (2)–(4):
+
+    .. math::
+
+        A_{ij} = Q^c_i {K^c_j}^\top + Q^c_i {K^r_{φ(i,j)}}^\top
+               + K^c_j {Q^r_{φ(i,j)}}^\top,
+        \qquad H_o = \operatorname{softmax}\Big(\frac{A}{\sqrt{3d}}\Big) V_c,
+
+    with ``φ(i, j) = clip(bucket(i - j) + k, 0, 2k - 1)`` indexing tables of
+    ``2k`` rows: i.e. ``Kʳ[m] = K_r[φ(-δ_m)]`` over the relative layout. The
+    c2p term is ``rel_shift(q Kʳᵀ)``; the p2c term is the transpose of
+    ``rel_shift(k flip(Qʳ)ᵀ, Lq)``, no ``(Lq, Lk, d)`` gather.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import disentangled_attention
+    >>> q = k = v = xp.ones((2, 4))
+    >>> table = xp.zeros((3, 4))                       # W = Lq + Lk - 1
+    >>> disentangled_attention(q, k, v, table, table)
+    Array([[1., 1., 1., 1.],
+           [1., 1., 1., 1.]], dtype=array_api_strict.float64)
+    """
+    xp = _checks.namespace(
+        q=q, k=k, v=v,
+        optional={
+            "key_position_table": key_position_table,
+            "query_position_table": query_position_table,
+            "mask": mask, "bias": bias, "relative_bias": relative_bias,
+        },
+    )  # fmt: skip
+    dtype = _checks.floating(
+        xp, q=q, k=k, v=v, key_position_table=key_position_table,
+        query_position_table=query_position_table, bias=bias, relative_bias=relative_bias,
+    )  # fmt: skip
+    lq, lk, d = core.check_qkv(q, k, v)
+    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
+    for name, table in (
+        ("key_position_table", key_position_table),
+        ("query_position_table", query_position_table),
+    ):
+        if table is not None:
+            core.check_table(name, table, lq, lk, d)
+            leads[name] = table.shape[:-2]
+    lead = _checks.broadcast(**leads)
+    terms = 1 + (key_position_table is not None) + (query_position_table is not None)
+    if scale is None and d > 0:
+        scale = (terms * d) ** -0.5
+    scale, causal, block_size = core.check_options(
+        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
+        causal=causal, scale=scale, block_size=block_size,
+    )  # fmt: skip
+    q, k, v, key_table, query_table, bias, relative_bias = (
+        _checks.cast(xp, a, dtype)
+        for a in (q, k, v, key_position_table, query_position_table, bias, relative_bias)
+    )
+    return core.attention(
+        q, k, v, xp, scale=scale, key_table=key_table, query_table=query_table,
+        relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, block_size=block_size,
+    )  # fmt: skip

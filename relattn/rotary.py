@@ -1,0 +1,142 @@
+"""Rotary position embedding (Su et al. 2021, RoFormer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+from . import _checks
+from .encodings import LAYOUTS, _check_base, _sin_cos, _working_dtype
+
+__all__ = ["rotary_position_embedding"]
+
+
+def rotary_position_embedding(
+    x: Any,
+    positions: Any = None,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    rotary_dim: int | None = None,
+    frequencies: Any = None,
+) -> Any:
+    r"""Rotate feature pairs of queries or keys by angles proportional to their positions.
+
+    Parameters
+    ----------
+    x : array of shape (..., L, d), real floating
+        Queries or keys, one row per position (any leading batch and head
+        dimensions).
+    positions : array of shape (L,), integer or real floating, optional
+        Position of each row, in token positions; default ``0 … L-1``. A
+        decoder with a cache of ``n`` tokens passes ``n + arange(L)``.
+    base : float, optional
+        ``θ_k = base^(-2k/r)``, ``k = 0 … r/2 - 1`` (10000 in RoFormer and
+        LLaMA; 500000 in LLaMA-3).
+    layout : {"interleaved", "concatenated"}, optional
+        Which features form the pair rotated by ``θ_k``: ``(x_2k, x_2k+1)``
+        in ``"interleaved"`` (the paper, GPT-J, RoFormer), ``(x_k, x_{k+r/2})``
+        in ``"concatenated"`` (GPT-NeoX, LLaMA, HF's ``rotate_half``).
+    rotary_dim : int, optional
+        ``r``, the number of leading features rotated (even, ``<= d``); the
+        features ``r … d-1`` pass unchanged (GPT-NeoX's partial rotary).
+        Default ``d``.
+    frequencies : array of shape (r/2,), real floating, optional
+        ``θ_k`` in radians per position, replacing ``base^(-2k/r)``: position
+        interpolation, NTK, LLaMA-3 and YaRN scalings are maps of these.
+
+    Returns
+    -------
+    array, shape and dtype of ``x``
+        ``x`` with each pair ``(a, b)`` of row ``p`` replaced by
+        ``(a cos pθ_k - b sin pθ_k, a sin pθ_k + b cos pθ_k)``.
+
+    Raises
+    ------
+    ValueError
+        If ``d`` (or ``rotary_dim``) is odd, ``rotary_dim`` is not in
+        ``[0, d]``, ``positions`` is not ``(L,)``, ``frequencies`` is not
+        ``(r/2,)``, ``base`` is not positive, or ``layout`` is unknown.
+    TypeError
+        If ``x`` is not a real floating array, ``positions`` not a real or
+        integer array, ``frequencies`` not a real floating array, or the
+        arrays come from different libraries.
+
+    See Also
+    --------
+    inverse_frequencies : the default ``θ_k``.
+    complex_order_embedding : RoPE is its special case ``r = 1``, ``ω = θ``, phase 0.
+    scaled_dot_product_attention : attention on the rotated queries and keys.
+
+    Notes
+    -----
+    Su et al. 2021, eq. (34):
+
+    .. math::
+
+        R^d_{Θ,m} x = \begin{pmatrix} x_1 \\ x_2 \\ \vdots \end{pmatrix} \otimes
+        \begin{pmatrix} \cos mθ_1 \\ \cos mθ_1 \\ \vdots \end{pmatrix} +
+        \begin{pmatrix} -x_2 \\ x_1 \\ \vdots \end{pmatrix} \otimes
+        \begin{pmatrix} \sin mθ_1 \\ \sin mθ_1 \\ \vdots \end{pmatrix},
+
+    so that ``⟨RoPE(q, m), RoPE(k, n)⟩`` depends on ``n - m`` only. The angles
+    ``p·θ`` are formed in float64 where the device has it (exactly from
+    per-digit rotations where it has not, like
+    :func:`sinusoidal_position_encoding`), then cast to ``x``'s dtype.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import rotary_position_embedding
+    >>> x = xp.asarray([[1.0, 0.0], [1.0, 0.0]])       # positions 0 and 1, d = 2
+    >>> y = rotary_position_embedding(x, base=1.0)      # θ_0 = 1 rad
+    >>> [[round(float(v), 4) for v in row] for row in (y[0, :], y[1, :])]
+    [[1.0, 0.0], [0.5403, 0.8415]]
+    """
+    xp = _checks.namespace(x=x, optional={"positions": positions, "frequencies": frequencies})
+    _checks.floating(xp, x=x)
+    _checks.ndim("x", x, 2, "(..., L, d)")
+    _checks.choice("layout", layout, LAYOUTS)
+    base = _check_base(base)
+    length, d = x.shape[-2:]
+    if rotary_dim is None:
+        if d % 2:
+            raise ValueError(
+                "x must have an even feature size d (pairs of features), "
+                f"got shape {tuple(x.shape)}"
+            )
+        r = d
+    else:
+        r = _checks.length("rotary_dim", rotary_dim, minimum=0)
+        if r % 2 or r > d:
+            raise ValueError(f"rotary_dim must be even and at most d = {d}, got {r}")
+    device = array_api_compat.device(x)
+    if positions is None:
+        positions = xp.arange(length, device=device)
+    else:
+        if positions.ndim != 1 or positions.shape[0] != length:
+            raise ValueError(
+                f"positions must have shape (L,) = ({length},), got shape {tuple(positions.shape)}"
+            )
+        if not xp.isdtype(positions.dtype, ("real floating", "integral")):
+            raise TypeError(
+                f"positions must be a real or integer array, got dtype {positions.dtype}"
+            )
+    half = r // 2
+    if frequencies is not None:
+        _checks.floating(xp, frequencies=frequencies)
+        _checks.exact_shape("frequencies", frequencies, (half,), "(rotary_dim/2,)")
+    if r == 0:
+        return x
+    sin, cos = _sin_cos(positions, half, base, frequencies, _working_dtype(xp, device), xp, device)
+    sin, cos = (xp.astype(a, x.dtype) for a in (sin, cos))
+    if layout == "interleaved":
+        pairs = xp.reshape(x[..., :r], (*x.shape[:-1], half, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        rotated = xp.stack((a * cos - b * sin, a * sin + b * cos), axis=-1)
+        rotated = xp.reshape(rotated, (*x.shape[:-1], r))
+    else:
+        a, b = x[..., :half], x[..., half:r]
+        rotated = xp.concat((a * cos - b * sin, a * sin + b * cos), axis=-1)
+    return rotated if r == d else xp.concat((rotated, x[..., r:]), axis=-1)
