@@ -29,6 +29,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -78,16 +79,16 @@ def ms(seconds: float) -> str:
 
 
 def side_by_side(
-    fn: Callable[[], Any], baseline: Callable[[], Any], backend: common.Backend, repeats: int
+    fn: Callable[[], Any], baseline: Callable[[], Any], backend: common.Target, repeats: int
 ) -> tuple[float, float, float]:
     """``(ratio, median fn, median baseline)`` alternating the two, ``repeats`` times each."""
     return common.median_ratio(fn, baseline, backend, repeats)
 
 
-def relative_calls(backend: common.Backend, lq: int, lk: int, layout: str):
+def relative_calls(backend: common.Target, lq: int, lk: int, layout: str):
     arrays = common.on(backend, common.relative_inputs(lq, layout, key_len=lk))
-    q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
-    ours_fn = native.relattn_function("relative_attention", backend)
+    q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
+    ours_fn = common.relattn_function("relative_attention", backend)
     theirs_fn = native.native("relative_attention", backend)
 
     def ours():
@@ -125,7 +126,7 @@ def other_functions(names: list[str], repeats: int) -> list[Row]:
         label = f"{name}-jit" if name == "jax" else name
         arrays = common.on(backend, common.bias_inputs(lq, key_len=lk))
         q, k, v, bias = (arrays[n] for n in ("q", "k", "v", "bias"))
-        ours_fn = native.relattn_function("scaled_dot_product_attention", backend)
+        ours_fn = common.relattn_function("scaled_dot_product_attention", backend)
         theirs_fn = native.native("scaled_dot_product_attention", backend)
         ours = functools.partial(ours_fn, q, k, v, bias=bias)
         theirs = functools.partial(theirs_fn, q, k, v, bias)
@@ -135,7 +136,7 @@ def other_functions(names: list[str], repeats: int) -> list[Row]:
         rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
         arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
         args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
-        ours_fn = native.relattn_function("shaw_attention", backend)
+        ours_fn = common.relattn_function("shaw_attention", backend)
         theirs_fn = native.native("shaw_attention", backend)
         ours, theirs = functools.partial(ours_fn, *args), functools.partial(theirs_fn, *args)
         ratio, a, b = side_by_side(ours, theirs, backend, repeats)
@@ -153,7 +154,7 @@ def against_products(names: list[str], repeats: int) -> list[Row]:
         backend = common.get_backend(name)
         lq, lk = 1024, 2048
         ours, theirs, arrays = relative_calls(backend, lq, lk, "causal")
-        q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
+        q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
         lib = backend.lib
         qu, qv = q + u, q + pos
         k_t, r_t = lib.swapaxes(k, -1, -2), lib.swapaxes(table, -1, -2)
@@ -167,7 +168,7 @@ def against_products(names: list[str], repeats: int) -> list[Row]:
         }
         calls = {"relattn": ours, "native": theirs, **products}
         for fn in calls.values():
-            backend.ready(fn())
+            backend.record.ready(fn())
         # Round-robin: one call of each per round, medians over the rounds.
         times: dict[str, list[float]] = {key: [] for key in calls}
         for _ in range(repeats):
@@ -213,14 +214,14 @@ def dispatch(names: list[str], quick: bool) -> list[Row]:
         backend = common.get_backend(name)
         ours, theirs, _ = relative_calls(backend, 8, 8, "causal")
         for fn in (ours, theirs):
-            backend.ready(fn())
+            backend.record.ready(fn())
         a_runs, b_runs = [], []
         for _ in range(rounds):
             for fn, runs in ((ours, a_runs), (theirs, b_runs)):
                 start = time.perf_counter()
                 for _ in range(loops):
                     out = fn()
-                backend.ready(out)
+                backend.record.ready(out)
                 runs.append((time.perf_counter() - start) / loops)
         a, b = statistics.median(a_runs), statistics.median(b_runs)
         label = f"{name}-jit" if name == "jax" else name
@@ -233,12 +234,12 @@ def dispatch(names: list[str], quick: bool) -> list[Row]:
 
 def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cuda") -> list[Row]:
     """torch CUDA relative_attention against SDPA given its position term as a bias, L = 4096."""
+    backend = common.get_backend(backend_name)  # NotImplementedError without torch or CUDA
     import torch
     import torch.nn.functional as F
 
-    backend = common.get_backend(backend_name)
     ours, _, arrays = relative_calls(backend, length, length, "causal")
-    q, k, v, table, u, pos = (arrays[n] for n in native.RELATIVE_NAMES)
+    q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
     scale = 1.0 / math.sqrt(q.shape[-1])
     with torch.no_grad():
         position = relattn.rel_shift((q + pos) @ table.transpose(-1, -2), length) * scale
@@ -250,7 +251,7 @@ def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cu
             return F.scaled_dot_product_attention(qu, k, v, attn_mask=bias, scale=scale)
 
         np.testing.assert_allclose(
-            backend.to_numpy(sdpa()), backend.to_numpy(ours()), rtol=1e-3, atol=1e-3
+            backend.record.to_host(sdpa()), backend.record.to_host(ours()), rtol=1e-3, atol=1e-3
         )
         ratio, a, b = side_by_side(ours, sdpa, backend, repeats)
     throughput = 1.0 / ratio  # SDPA's time over relattn's
@@ -269,15 +270,16 @@ def table(rows: list[Row]) -> str:
 
 
 def environment() -> str:
+    import importlib
     import platform
 
-    versions = [f"numpy {np.__version__}"]
+    libs = {"numpy": np}
     for mod in ("torch", "jax"):
-        lib = getattr(common, mod)
-        if lib is not None:
-            versions.append(f"{mod} {lib.__version__}")
-    threads = f"torch threads {common.torch.get_num_threads()}" if common.torch else ""
-    return f"{platform.processor() or platform.machine()}, {', '.join(versions)}; {threads}"
+        with contextlib.suppress(ImportError):
+            libs[mod] = importlib.import_module(mod)
+    versions = ", ".join(f"{mod} {lib.__version__}" for mod, lib in libs.items())
+    threads = f"torch threads {libs['torch'].get_num_threads()}" if "torch" in libs else ""
+    return f"{platform.processor() or platform.machine()}, {versions}; {threads}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,9 +217,7 @@ def query_key(q: Any, k: Any, *, same_features: bool = True) -> None:
         )
 
 
-def features(
-    name: str, x: Any, weight_name: str, weight: Any, axis: int, layout: str
-) -> None:
+def features(name: str, x: Any, weight_name: str, weight: Any, axis: int, layout: str) -> None:
     """``x``'s last axis has the size of ``weight``'s ``axis``, or ``ValueError`` naming ``x``."""
     expected = weight.shape[axis]
     if x.shape[-1] != expected:

@@ -19,7 +19,6 @@ import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks, core
-from .encodings import _working_dtype
 from .shift import shift
 
 __all__ = ["alibi_slopes", "log_bucket_position", "relative_bias", "relative_position_bucket"]
@@ -178,14 +177,44 @@ def relative_position_bucket(
         a = xp.maximum(-delta, zero)
     if exact == 0:
         return xp.asarray(offset + xp.minimum(a, xp.full((), n - 1, dtype=integer, device=device)))
-    work = _working_dtype(xp, device)
-    # a / e >= 1 wherever the value is used; elsewhere log(1) = 0 keeps it finite.
-    ratio = xp.astype(xp.maximum(a, xp.full((), exact, dtype=integer, device=device)), work)
-    steps = xp.log(ratio / exact) / math.log(max_distance / exact) * (n - exact)
-    large = exact + xp.astype(xp.floor(steps), integer)
-    large = xp.minimum(large, xp.full((), n - 1, dtype=integer, device=device))
-    # asarray: NumPy turns a 0-d result of scalar arithmetic into a NumPy scalar.
-    return xp.asarray(offset + xp.where(a < exact, a, large))
+    # The logarithmic buckets as integer thresholds: the k-th is the smallest a whose
+    # bucket is exact + k. Found on the host in float64, so that the device needs no
+    # logarithm (XLA's vectorised log is not correctly rounded, and a bucket boundary
+    # that falls on a whole number would come out one bucket low).
+    thresholds = xp.asarray(_t5_thresholds(n, exact, max_distance), dtype=integer, device=device)
+    buckets = exact + xp.astype(xp.searchsorted(thresholds, a, side="right"), integer)
+    return xp.asarray(offset + xp.where(a < exact, a, buckets))
+
+
+def _t5_thresholds(n: int, exact: int, max_distance: int) -> list[int]:
+    """The smallest ``a`` in each of T5's logarithmic buckets ``exact + 1 … n - 1`` (cached)."""
+
+    def bucket(a: int) -> int:
+        steps = math.log(a / exact) / math.log(max_distance / exact) * (n - exact)
+        return min(n - 1, exact + math.floor(steps))
+
+    key = (n, exact, max_distance)
+    if key not in _T5_THRESHOLDS:
+        found = [_first_reaching(bucket, target, exact) for target in range(exact + 1, n)]
+        _T5_THRESHOLDS[key] = found
+    return _T5_THRESHOLDS[key]
+
+
+_T5_THRESHOLDS: dict[tuple[int, int, int], list[int]] = {}
+
+
+def _first_reaching(bucket: Any, target: int, low: int) -> int:
+    """The smallest integer ``a >= low`` with ``bucket(a) >= target`` (``bucket`` nondecreasing)."""
+    high = max(low, 1)
+    while bucket(high) < target:
+        high *= 2
+    while low < high:
+        middle = (low + high) // 2
+        if bucket(middle) >= target:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def log_bucket_position(distances: Any, *, bucket_size: int, max_position: int) -> Any:
@@ -245,13 +274,45 @@ def log_bucket_position(distances: Any, *, bucket_size: int, max_position: int) 
     integer = xpx.default_dtype(xp, "integral", device=device)
     r = xp.astype(distances, integer) if distances.dtype != integer else distances
     magnitude = xp.abs(r)
-    work = _working_dtype(xp, device)
-    # Where |r| <= mid the value is r itself; clamp the log's argument to >= mid there.
-    clamped = xp.astype(xp.maximum(magnitude, xp.full((), mid, dtype=integer, device=device)), work)
-    steps = xp.log(clamped / mid) / math.log((max_position - 1) / mid) * (mid - 1)
-    log_position = xp.astype(xp.ceil(steps), integer) + mid
+    # ceil(log(|r| / mid) / log((max_position - 1) / mid) · (mid - 1)) as the count of
+    # integer thresholds below |r|, found on the host (no device logarithm; see
+    # relative_position_bucket), up to the largest |r| the integer dtype holds.
+    largest = int(xp.iinfo(integer).max)
+    thresholds = xp.asarray(
+        _log_thresholds(mid, max_position, largest), dtype=integer, device=device
+    )
+    log_position = mid + xp.astype(xp.searchsorted(thresholds, magnitude, side="left"), integer)
     signed = xp.where(r < 0, -log_position, log_position)
     return xp.asarray(xp.where(magnitude <= mid, r, signed))
+
+
+def _log_thresholds(mid: int, max_position: int, largest: int) -> list[int]:
+    """``t_k``: the largest ``|r|`` (up to ``largest``) in log bucket ``mid + k``, ``k = 0, 1, …``.
+
+    The bucket of ``|r| > mid`` is ``mid + ⌈f(|r|)⌉`` with ``f`` increasing from
+    ``f(mid) = 0``, so it is ``mid`` plus the number of thresholds below ``|r|``.
+    Computed once per ``(mid, max_position, largest)``.
+    """
+    key = (mid, max_position, largest)
+    if key in _LOG_THRESHOLDS:
+        return _LOG_THRESHOLDS[key]
+    out: list[int] = []
+    if mid > 1:  # with mid = 1 every |r| > 1 is in bucket 1
+
+        def bucket(a: int) -> int:
+            steps = math.log(a / mid) / math.log((max_position - 1) / mid) * (mid - 1)
+            return mid + math.ceil(steps)
+
+        a = mid
+        while a < largest:
+            following = _first_reaching(bucket, bucket(a) + 1, a)
+            out.append(min(following - 1, largest))
+            a = following
+    _LOG_THRESHOLDS[key] = out
+    return out
+
+
+_LOG_THRESHOLDS: dict[tuple[int, int, int], list[int]] = {}
 
 
 def alibi_slopes(num_heads: int, *, dtype: Any = None, device: Any = None, xp: Any = None) -> Any:
@@ -272,7 +333,7 @@ def alibi_slopes(num_heads: int, *, dtype: Any = None, device: Any = None, xp: A
     -------
     array of shape (H,)
         ``m_h = 2^(-8h/H)``, ``h = 1 … H``, for ``H`` a power of 2. Otherwise,
-        with ``p`` the largest power of 2 below ``H``: the ``p`` slopes
+        with ``p`` the largest power of 2 at most ``H``: the ``p`` slopes
         ``2^(-8h/p)``, then ``2^(-8h/(2p))`` for ``h = 1, 3, 5, …``, the first
         ``H - p`` of them (the authors' code, BLOOM, MPT).
 

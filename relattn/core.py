@@ -26,26 +26,27 @@ layout or ``causal=True`` masks ``δ > 0``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat
-import array_api_extra as xpx
 
 from . import _checks
 from .backends import backend_for
-from .shift import shift
+from .blocks import Blocks, Relative, blockwise, dense_in_query_blocks, relative_term
+from .shift import unshift
 
-__all__ = ["Relative", "attend", "attend_generic", "attention", "relative_term", "softmax"]
-
-NEGATIVE_INFINITY = -math.inf
+__all__ = ["attend", "attend_generic", "attention", "softmax"]
 
 
 # -------------------------------------------------------------------------------------------
 # Softmax and plain attention
 # -------------------------------------------------------------------------------------------
 def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
-    """Masked softmax over ``axis`` without argument checks; fully masked rows are 0."""
+    """Masked softmax over ``axis`` without argument checks; fully masked rows are 0.
+
+    ``scores`` is released as soon as it has been read: a caller that passes a
+    temporary holds at most two score-sized arrays at once here.
+    """
     if math.prod(scores.shape) == 0:
         return scores  # nothing to normalise (Dask cannot reduce empty chunks either)
     device = array_api_compat.device(scores)
@@ -57,10 +58,25 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     # A row with no finite score (fully masked, or a -inf bias) would give
     # inf - inf; shift it by 0 instead, so its weights are exp(-inf) = 0.
     peak = xp.where(xp.isfinite(peak), peak, xp.zeros((), dtype=scores.dtype, device=device))
-    weights = xp.exp(scores - peak)
+    shifted = scores - peak
+    del scores
+    weights = xp.exp(shifted)
+    del shifted
     total = xp.sum(weights, axis=axis, keepdims=True)
     # A fully masked row sums to 0: divide by 1 so it stays 0, never 0/0.
     return weights / xp.where(total > 0, total, xp.ones_like(total))
+
+
+def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
+    """The backend's attention kernel for these inputs, or ``None`` (generic path).
+
+    Empty axes always take the generic path, which gives the empty or zero
+    result of SPEC §1 on every backend.
+    """
+    offer = backend_for(xp).fused_attention
+    if offer is None or not all(n > 0 for n in (*q.shape, *k.shape, *v.shape)):
+        return None
+    return offer(q, k, v)
 
 
 def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) -> Any:
@@ -68,14 +84,11 @@ def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) ->
 
     The backend's fused kernel runs it where there is one and the inputs fit
     (:attr:`relattn.backends.Backend.fused_attention`); :func:`attend_generic`
-    is the reference it is tested against. Empty axes always take the generic
-    path, which gives the empty or zero result of SPEC §1 on every backend.
+    is the reference it is tested against.
     """
-    fused = backend_for(xp).fused_attention
-    if fused is not None and all(n > 0 for n in (*q.shape, *k.shape, *v.shape)):
-        out = fused(q, k, v, bias=bias, mask=mask, scale=scale)
-        if out is not None:
-            return out
+    kernel = fused_kernel(q, k, v, xp)
+    if kernel is not None:
+        return kernel(bias=bias, mask=mask, scale=scale)
     return attend_generic(q, k, v, bias, mask, scale, xp)
 
 
@@ -85,9 +98,14 @@ def attend_generic(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp:
 
 
 def scores(q: Any, k: Any, bias: Any, scale: Any, xp: Any) -> Any:
-    """``q kᵀ · scale + bias``; scaling ``q``, not the scores, saves a pass over ``(Lq, Lk)``."""
-    out = (q * scale) @ xp.matrix_transpose(k)
-    return out if bias is None else out + bias
+    """``q kᵀ · scale + bias``; scaling ``q``, not the scores, saves a pass over ``(Lq, Lk)``.
+
+    One expression, so that libraries that reuse temporaries (NumPy) add the
+    bias in the product's buffer.
+    """
+    if bias is None:
+        return (q * scale) @ xp.matrix_transpose(k)
+    return (q * scale) @ xp.matrix_transpose(k) + bias
 
 
 # -------------------------------------------------------------------------------------------
@@ -178,87 +196,6 @@ def check_options(
 
 
 # -------------------------------------------------------------------------------------------
-# The relative terms of one block
-# -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Relative:
-    """The per-distance terms of one problem, checked and cast.
-
-    ``key_table`` ``Kʳ (..., W, d)``, ``query_table`` ``Qʳ (..., W, d)``,
-    ``relative_bias`` ``b (..., W)``; each in the full or causal layout, or
-    ``None``. ``lq``, ``lk``: the whole problem's lengths. ``causal``: ``δ > 0``
-    is masked (the flag, or a table in the causal layout).
-    """
-
-    lq: int
-    lk: int
-    causal: bool
-    key_table: Any = None
-    query_table: Any = None
-    relative_bias: Any = None
-
-    @property
-    def empty(self) -> bool:
-        return self.key_table is None and self.query_table is None and self.relative_bias is None
-
-    @property
-    def masks_itself(self) -> bool:
-        """A causal term whose absent cells are filled with ``-inf`` carries the causal mask."""
-        return self.causal and (self.key_table is not None or self.relative_bias is not None)
-
-
-def relative_term(
-    rel: Relative,
-    qp: Any,
-    ks: Any,
-    block: tuple[int, int, int, int],
-    xp: Any,
-    *,
-    fill: float = NEGATIVE_INFINITY,
-) -> Any:
-    """The relative scores of the query block ``[i0, i0 + bq)`` and key block ``[j0, j0 + bk)``.
-
-    ``block = (i0, bq, j0, bk)``. ``qp (..., bq, d)`` are the block's position
-    queries ``(q + v) · scale`` (read when there is a ``key_table``) and
-    ``ks (..., bk, d)`` its keys times ``scale`` (read when there is a
-    ``query_table``). The block's distances are the ``bq + bk - 1`` columns of
-    the relative layout from ``m0 = j0 - i0 - (bq - 1) + Lq - 1``: each term is
-    the shift of Transformer-XL's appendix B on that slice. In a causal problem
-    the slice stops at column ``Lk - 1`` (``δ = 0``) and the shift fills the
-    absent ``δ > 0`` cells with ``fill`` (``-inf``: the term is then the causal
-    mask too). ``None`` when the problem has no relative term.
-    """
-    if rel.empty:
-        return None
-    i0, bq, j0, bk = block
-    width = bq + bk - 1
-    m0 = j0 - i0 - (bq - 1) + rel.lq - 1
-    stop = min(m0 + width, rel.lk if rel.causal else rel.lq + rel.lk - 1)
-    terms = []
-    if rel.key_table is not None:
-        table = rel.key_table[..., m0:stop, :]
-        terms.append(shift(qp @ xp.matrix_transpose(table), bk, xp, fill=fill))
-    if rel.relative_bias is not None:
-        values = rel.relative_bias[..., m0:stop]
-        values = xp.broadcast_to(values[..., None, :], (*values.shape[:-1], bq, values.shape[-1]))
-        terms.append(shift(values, bk, xp, fill=fill))
-    if rel.query_table is not None:
-        # p2c[i, j] = k_j · Qʳ[m(i, j)]: the keys play the queries' part in a problem of
-        # bk "queries" and bq "keys", over the flipped slice (SPEC §2.12).
-        table = rel.query_table[..., m0 : min(m0 + width, rel.query_table.shape[-2]), :]
-        if table.shape[-2] < width:
-            # Causal layout: the δ > 0 rows are absent and their cells masked; zeros stand in.
-            rows = [(0, 0)] * (table.ndim - 2) + [(0, width - table.shape[-2]), (0, 0)]
-            table = xpx.pad(table, rows, xp=xp)
-        flipped = xp.flip(table, axis=-2)
-        terms.append(xp.matrix_transpose(shift(ks @ xp.matrix_transpose(flipped), bq, xp)))
-    total = terms[0]
-    for term in terms[1:]:
-        total = total + term
-    return total
-
-
-# -------------------------------------------------------------------------------------------
 # The core
 # -------------------------------------------------------------------------------------------
 def attention(
@@ -292,39 +229,85 @@ def attention(
         layouts.append(relative_bias.shape[-1])
     causal = causal or any(w != full for w in layouts)
     rel = Relative(lq, lk, causal, key_table, query_table, relative_bias)
-
-    if content_bias is not None:
-        q_content = q + content_bias
-    else:
-        q_content = q
+    q_content = q if content_bias is None else q + content_bias
     qp = None
     if key_table is not None:
         qp = (q if position_bias is None else q + position_bias) * scale
-    ks = k * scale if query_table is not None else k
+    ks = k * scale if query_table is not None else None
 
-    if block_size is not None and lq > 0 and lk > 0:
-        from .blocks import blockwise
+    dtype = xp.result_type(q, v)
+    if block_size is None:
+        block_size = automatic_block_size(q, k, v, xp)
+    # Empty axes take the whole-array path, which gives SPEC §1's empty or zero result.
+    nonempty = lq > 0 and lk > 0
+    if block_size is not None and nonempty:
+        blocks = Blocks(q_content * scale, k, v, rel, qp, ks, value_table, bias, mask)
+        return blockwise(blocks, xp, block_size=block_size, dtype=dtype)
 
-        return blockwise(
-            q_content, k, v, rel, qp, ks, xp, scale=scale, value_table=value_table,
-            bias=bias, mask=mask, block_size=block_size,
-        )  # fmt: skip
-
-    if causal and (not rel.masks_itself or lq > lk):
-        # Without a -inf-filled term the causal mask is a boolean one; with Lq > Lk the
-        # first Lq - Lk queries have no key at all, and the mask keeps their rows zero
-        # whatever a fused kernel makes of a row of -inf.
-        from .masks import causal_mask
-
-        blocked = causal_mask(lq, lk, xp=xp, device=array_api_compat.device(q))
-        mask = blocked if mask is None else mask & blocked
-    position = relative_term(rel, qp, ks, (0, lq, 0, lk), xp)
-    if bias is not None:
-        position = bias if position is None else position + bias
+    kernel = fused_kernel(q_content, k, v, xp) if value_table is None else None
+    if kernel is not None:
+        # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
+        mask = _causal(rel, mask, q, xp)
+        return kernel(bias=_position(rel, qp, ks, bias, xp), mask=mask, scale=scale)
+    if backend_for(xp).query_chunks and nonempty:
+        blocks = Blocks(q_content * scale, k, v, rel, qp, ks, value_table, bias, mask)
+        return dense_in_query_blocks(blocks, xp, dtype=dtype)
+    mask = _causal(rel, mask, q, xp)
+    weights = softmax(
+        scores(q_content, k, _position(rel, qp, ks, bias, xp), scale, xp), mask, -1, xp
+    )
     if value_table is None:
-        return attend(q_content, k, v, position, mask, scale, xp)
-    weights = softmax(scores(q_content, k, position, scale, xp), mask, -1, xp)
+        return weights @ v
     return weights @ v + value_term(weights, value_table, xp)
+
+
+def _causal(rel: Relative, mask: Any, q: Any, xp: Any) -> Any:
+    """``mask`` with the causal mask where the position term does not carry it.
+
+    Without a ``-inf``-filled term the causal mask is a boolean one; with
+    ``Lq > Lk`` the first ``Lq - Lk`` queries have no key at all, and the mask
+    keeps their rows zero whatever a fused kernel makes of a row of ``-inf``.
+    """
+    if not rel.causal or (rel.masks_itself and rel.lq <= rel.lk):
+        return mask
+    from .masks import causal_mask
+
+    blocked = causal_mask(rel.lq, rel.lk, xp=xp, device=array_api_compat.device(q))
+    return blocked if mask is None else mask & blocked
+
+
+def _position(rel: Relative, qp: Any, ks: Any, bias: Any, xp: Any) -> Any:
+    """The dense relative term plus ``bias`` (either may be absent: ``None``)."""
+    position = relative_term(rel, qp, ks, (0, rel.lq, 0, rel.lk), xp)
+    if bias is None:
+        return position
+    return bias if position is None else position + bias
+
+
+#: Default memory budget of one ``(..., Lq, Lk)`` score array: beyond it, blockwise.
+MAX_SCORE_BYTES = 1 << 30
+#: Query and key block size of the automatic blockwise path.
+AUTOMATIC_BLOCK_SIZE = 512
+
+
+def automatic_block_size(q: Any, k: Any, v: Any, xp: Any) -> int | None:
+    """``None`` (dense) while one score array fits the budget, else :data:`AUTOMATIC_BLOCK_SIZE`.
+
+    The budget is ``RELATTN_MAX_SCORE_BYTES`` (bytes) when set, else
+    :data:`MAX_SCORE_BYTES`. The dense path holds about three such arrays.
+    """
+    import os
+
+    budget = os.environ.get("RELATTN_MAX_SCORE_BYTES")
+    limit = MAX_SCORE_BYTES if budget is None else int(budget)
+    lead = [max(a, b, c) for a, b, c in zip(*_padded_leads(q, k, v), strict=True)]
+    count = math.prod(lead) * q.shape[-2] * k.shape[-2]
+    return None if count * xp.finfo(q.dtype).bits // 8 <= limit else AUTOMATIC_BLOCK_SIZE
+
+
+def _padded_leads(*arrays: Any) -> list[tuple[int, ...]]:
+    ndim = max(a.ndim for a in arrays) - 2
+    return [(1,) * (ndim - (a.ndim - 2)) + tuple(a.shape[:-2]) for a in arrays]
 
 
 def value_term(weights: Any, value_table: Any, xp: Any) -> Any:
@@ -333,8 +316,6 @@ def value_term(weights: Any, value_table: Any, xp: Any) -> Any:
     A causal-layout table (width ``Lk``) meets the first ``Lk`` columns of
     ``rel_unshift(α)``: the others belong to ``δ > 0``, whose weights are 0.
     """
-    from .shift import unshift
-
     spread = unshift(weights, xp)
     width = value_table.shape[-2]
     if width != spread.shape[-1]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import _checks, core
+from . import _checks, blocks, core
 
 __all__ = [
     "additive_scores",
@@ -95,8 +95,8 @@ def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) ->
         _checks.broadcastable("bias", bias.shape, tuple(q.shape), "q")
     q, table, bias = (_checks.cast(xp, a, dtype) for a in (q, table, bias))
     causal = width != lq + lk - 1
-    rel = core.Relative(lq, lk, causal, key_table=table)
-    return core.relative_term(
+    rel = blocks.Relative(lq, lk, causal, key_table=table)
+    return blocks.relative_term(
         rel, q if bias is None else q + bias, None, (0, lq, 0, lk), xp, fill=0.0
     )
 

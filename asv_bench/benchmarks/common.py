@@ -1,4 +1,4 @@
-"""Backends, sizes and inputs shared by the benchmarks.
+"""Backends, sizes, inputs and the benchmark classes of relattn's own calls.
 
 Every benchmark class is parameterised over ``backend`` (the names in
 :data:`BACKENDS`) and the query length ``Lq``; keys and values cover a memory
@@ -11,10 +11,17 @@ raises ``NotImplementedError`` in ``setup``, which asv reports as skipped.
 the ``track_*`` ratios: the CI smoke run (see ``asv_bench/README.md``).
 
 A topic module's classes subclass :class:`_Speed` (``time_relattn``,
-``peakmem_relattn``), :class:`_VsNative` (``time_native``,
-``track_ratio_to_native``) and :class:`_GPUMemory` (``track_gpu_peak_bytes``,
-``track_native_gpu_peak_bytes``), giving only their ``params`` and a
-``calls`` method that builds the relattn call and the native one.
+``peakmem_relattn``) and :class:`_GPUMemory` (``track_gpu_peak_bytes``),
+giving only their ``params`` and the two methods of :class:`_Topic`, which
+build relattn's call. The native baselines (``baselines.py``) subclass a
+topic's class and add the native call.
+
+What is library-specific (host copies, waiting for a device, ``jax.jit``,
+device look-up, GPU memory counters) comes from :mod:`relattn.backends`;
+this module only says which backends the benchmarks run (:data:`BACKENDS`:
+a relattn backend on a CPU or a GPU) and how Dask chunks their inputs.
+Imports flow one way: ``native`` (the baselines' code) and the topic modules
+import ``common``; ``baselines`` imports them all; ``common`` imports none.
 
 The array libraries are imported here, once, when asv's forkserver imports the
 benchmark suite, so that the forked benchmark processes do not each pay for
@@ -24,33 +31,24 @@ benchmark suite, so that the forked benchmark processes do not each pay for
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from relattn.backends import Backend
 
 # JAX would otherwise take 75 % of a GPU's memory when it first starts, which
 # the CuPy and PyTorch benchmarks and the GPU memory counters would then miss.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-try:
-    import torch
-except ImportError:  # pragma: no cover - depends on the environment
-    torch = None
-try:
-    import jax
-    import jax.numpy as jnp
-except ImportError:  # pragma: no cover
-    jax = jnp = None
-try:
-    import dask.array as da
-except ImportError:  # pragma: no cover
-    da = None
 
 QUICK = os.environ.get("RELATTN_BENCH_QUICK", "") not in ("", "0")
 
@@ -60,8 +58,19 @@ D_HEAD = 64
 #: Shaw et al.'s clipping radius K.
 RADIUS = 16
 
-CPU_BACKENDS = ("numpy", "torch", "jax", "dask")
-GPU_BACKENDS = ("cupy", "torch_cuda", "jax_gpu")
+#: Benchmark backend -> (relattn backend, a key of ``relattn.backends.MODULES``;
+#: device kind for ``Backend.device``), as ``TARGETS`` in ``tests/conftest.py``.
+TARGETS = {
+    "numpy": ("numpy", "cpu"),
+    "torch": ("torch", "cpu"),
+    "jax": ("jax", "cpu"),
+    "dask": ("dask", "cpu"),
+    "cupy": ("cupy", "gpu"),
+    "torch_cuda": ("torch", "gpu"),
+    "jax_gpu": ("jax", "gpu"),
+}
+CPU_BACKENDS = tuple(name for name, (_, kind) in TARGETS.items() if kind == "cpu")
+GPU_BACKENDS = tuple(name for name, (_, kind) in TARGETS.items() if kind == "gpu")
 BACKENDS = CPU_BACKENDS + GPU_BACKENDS
 QUERY_LENGTHS = (128,) if QUICK else (128, 512, 2048)
 #: Sizes of the ``track_ratio_*`` benchmarks, which run both sides several
@@ -85,15 +94,22 @@ def skip_on_cpu_from(backend: str, query_length: int, largest: int) -> None:
         raise NotImplementedError(f"Lq = {query_length} is too slow for {backend} on a CPU")
 
 
-@dataclass
-class Backend:
-    """One array library on one device, as the benchmarks use it."""
+@dataclass(frozen=True)
+class Target:
+    """One relattn backend on one device: what a benchmark's ``backend`` names.
+
+    As ``tests/conftest.py``'s ``Target``: ``lib`` is the library module,
+    ``record`` relattn's :class:`relattn.backends.Backend` for it (use its
+    ``ready``, ``to_host`` and ``jit``).
+    """
 
     name: str
-    #: The module a user passes as ``xp=`` (``numpy``, ``torch``, ``jax.numpy`` …).
-    lib: Any
-    device: Any = None
-    gpu: bool = False
+    #: The library module a user passes as ``xp=`` (``numpy``, ``torch``, ``jax.numpy`` …).
+    lib: ModuleType
+    record: Backend
+    #: ``record.device(kind)``: the device the inputs are put on.
+    device: Any
+    gpu: bool
 
     def asarray(self, a: np.ndarray, batched: bool = False) -> Any:
         """NumPy data ``a`` as this backend's array on its device.
@@ -101,124 +117,68 @@ class Backend:
         Dask: one chunk per batch element when ``batched`` (the leading axis is
         the batch), so that the two cores each get one; one chunk otherwise.
         """
-        if self.name == "numpy":
-            return np.ascontiguousarray(a)
-        if self.name == "dask":
-            return da.from_array(a, chunks=(1, *a.shape[1:]) if batched else a.shape)
-        if self.name == "cupy":
-            return self.lib.asarray(a)
-        if self.name.startswith("torch"):
-            return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-        if self.name.startswith("jax"):
-            return jax.device_put(a, self.device)
-        raise AssertionError(self.name)
+        chunks = (1, *a.shape[1:]) if batched else None
+        return self.record.from_host(a, device=self.device, chunks=chunks)
 
-    def ready(self, x: Any) -> Any:
-        """``x`` finished: wait for the device, or compute a Dask graph."""
-        if self.name == "dask":
-            return x.compute()
-        if self.name.startswith("jax"):
-            return jax.block_until_ready(x)
-        if self.name == "torch_cuda":
-            torch.cuda.synchronize()
-        elif self.name == "cupy":
-            self.lib.cuda.get_current_stream().synchronize()
-        return x
-
-    def to_numpy(self, x: Any) -> np.ndarray:
-        if self.name == "dask":
-            x = x.compute()
-        if self.name.startswith("torch"):
-            return x.detach().cpu().numpy()
-        if self.name == "cupy":
-            return self.lib.asnumpy(x)
-        return np.asarray(x)
-
-    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` compiled with ``jax.jit`` on JAX; itself elsewhere."""
-        return jax.jit(fn) if self.name.startswith("jax") else fn
-
-    # -- GPU memory ----------------------------------------------------
-    def reset_gpu_peak(self) -> None:
-        if self.name == "torch_cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        elif self.name == "cupy":
-            self.lib.get_default_memory_pool().free_all_blocks()
-
-    def gpu_peak_bytes(self, fn: Callable[[], Any]) -> int:
+    def peak_device_bytes(self, fn: Callable[[], Any]) -> int:
         """Peak device bytes allocated while ``fn()`` runs, over what was allocated before."""
-        if self.name == "torch_cuda":
-            self.reset_gpu_peak()
-            before = torch.cuda.memory_allocated()
-            self.ready(fn())
-            return torch.cuda.max_memory_allocated() - before
-        if self.name == "cupy":
-            # CuPy's pool keeps freed blocks: its total after a run bounds the peak.
-            pool = self.lib.get_default_memory_pool()
-            self.reset_gpu_peak()
-            before = pool.total_bytes()
-            self.ready(fn())
-            return pool.total_bytes() - before
-        if self.name == "jax_gpu":
-            stats = self.device.memory_stats() or {}
-            before = stats.get("bytes_in_use", 0)
-            self.ready(fn())
-            # XLA keeps a process-wide peak that cannot be reset: the largest
-            # benchmark run before this one in the same process would show.
-            peak = (self.device.memory_stats() or {}).get("peak_bytes_in_use", 0)
-            return max(peak - before, 0)
-        raise NotImplementedError(f"{self.name} has no GPU memory counter")
-
-
-def _cuda_torch() -> Backend:
-    if not torch.cuda.is_available():
-        raise NotImplementedError("torch has no CUDA device")
-    return Backend("torch_cuda", torch, torch.device("cuda"), gpu=True)
-
-
-def _jax_gpu() -> Backend:
-    try:
-        device = jax.devices("gpu")[0]
-    except RuntimeError:
-        raise NotImplementedError("jax has no GPU device") from None
-    return Backend("jax_gpu", jnp, device, gpu=True)
-
-
-def _cupy() -> Backend:
-    try:
-        import cupy
-    except ImportError:
-        raise NotImplementedError("cupy is not installed") from None
-    try:
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            raise NotImplementedError("cupy finds no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        raise NotImplementedError(f"cupy finds no CUDA device ({e})") from None
-    return Backend("cupy", cupy, gpu=True)
+        counter = getattr(self.record, "peak_device_bytes", None)
+        if not self.gpu or counter is None:
+            raise NotImplementedError(f"{self.name} has no GPU memory counter")
+        return counter(fn, self.device)
 
 
 @functools.cache
-def get_backend(name: str) -> Backend:
-    """The :class:`Backend` called ``name``, or ``NotImplementedError`` saying why not."""
-    needs = {"torch": torch, "torch_cuda": torch, "jax": jax, "jax_gpu": jax, "dask": da}
-    if name in needs and needs[name] is None:
-        raise NotImplementedError(f"{name}: its library is not installed")
-    if name == "numpy":
-        return Backend("numpy", np)
-    if name == "torch":
-        return Backend("torch", torch, torch.device("cpu"))
-    if name == "jax":
-        return Backend("jax", jnp, jax.devices("cpu")[0])
-    if name == "dask":
-        return Backend("dask", da)
-    if name == "torch_cuda":
-        return _cuda_torch()
-    if name == "jax_gpu":
-        return _jax_gpu()
-    if name == "cupy":
-        return _cupy()
-    raise NotImplementedError(f"unknown backend {name!r}")
+def get_backend(name: str) -> Target:
+    """The :class:`Target` called ``name``, or ``NotImplementedError`` saying why not.
+
+    The reasons are relattn's: ``relattn.backends.load``'s ``ImportError``
+    (library not installed) and ``Backend.device``'s ``LookupError`` (no such
+    device); or a relattn older than ``load`` (an old commit in ``asv
+    continuous``: its benchmarks are skipped).
+    """
+    if name not in TARGETS:
+        raise NotImplementedError(f"unknown backend {name!r}")
+    import relattn
+
+    try:
+        from relattn.backends import load
+    except ImportError:  # an older commit, in `asv continuous` or `asv run A..B`
+        raise NotImplementedError(f"relattn {relattn.__version__} has no backends.load") from None
+    library, kind = TARGETS[name]
+    try:
+        lib, record = load(library)
+        device = record.device(kind)
+    except (ImportError, LookupError) as e:
+        raise NotImplementedError(f"{name}: {e}") from None
+    return Target(name, lib, record, device, gpu=kind == "gpu")
+
+
+def _import_libraries() -> None:
+    """Import every installed library once, here (see the module's docstring)."""
+    with contextlib.suppress(ImportError):
+        from relattn.backends import load
+
+        for library in ("torch", "jax", "dask"):
+            with contextlib.suppress(ImportError):
+                load(library)
+
+
+_import_libraries()
+
+
+def relattn_function(function: str, backend: Target, **static: Any) -> Any:
+    """relattn's ``function`` with ``static`` keywords bound, through ``backend.record.jit``.
+
+    ``jax.jit`` on JAX (the bound keywords stay Python values), the function
+    itself elsewhere. ``NotImplementedError`` where this relattn lacks it.
+    """
+    import relattn
+
+    fn = getattr(relattn, function, None)
+    if fn is None:  # an older commit, in `asv continuous` or `asv run A..B`
+        raise NotImplementedError(f"relattn {relattn.__version__} has no {function}")
+    return backend.record.jit(functools.partial(fn, **static) if static else fn)
 
 
 # -- inputs ------------------------------------------------------------
@@ -273,9 +233,11 @@ def bias_inputs(query_length: int, key_len: int | None = None) -> dict:
 
 #: Arrays whose leading axis is the batch (Dask chunks them along it).
 BATCHED = ("q", "k", "v", "h")
+#: The arrays of a relative-attention call, in the native functions' order.
+RELATIVE_NAMES = ("q", "k", "v", "position_table", "content_bias", "position_bias")
 
 
-def on(backend: Backend, arrays: dict) -> dict:
+def on(backend: Target, arrays: dict) -> dict:
     """Every array of ``arrays`` converted to ``backend``."""
     return {name: backend.asarray(a, batched=name in BATCHED) for name, a in arrays.items()}
 
@@ -285,15 +247,15 @@ def repeats() -> int:
     return 3 if QUICK else 7
 
 
-def timed(fn: Callable[[], Any], backend: Backend) -> float:
+def timed(fn: Callable[[], Any], backend: Target) -> float:
     """Seconds for one call of ``fn``, waiting for its result."""
     start = time.perf_counter()
-    backend.ready(fn())
+    backend.record.ready(fn())
     return time.perf_counter() - start
 
 
 def median_ratio(
-    fn: Callable[[], Any], baseline: Callable[[], Any], backend: Backend, n: int | None = None
+    fn: Callable[[], Any], baseline: Callable[[], Any], backend: Target, n: int | None = None
 ) -> tuple[float, float, float]:
     """``(median time of fn / median time of baseline, median fn, median baseline)``.
 
@@ -302,8 +264,8 @@ def median_ratio(
     state hit both alike.
     """
     n = repeats() if n is None else n
-    backend.ready(fn())
-    backend.ready(baseline())
+    backend.record.ready(fn())
+    backend.record.ready(baseline())
     ours, theirs = [], []
     for _ in range(n):
         ours.append(timed(fn, backend))
@@ -320,94 +282,56 @@ def median_ratio(
 
 
 class _Topic:
-    """One relattn function and, where there is one, its native baseline, on one backend.
+    """One relattn function on one backend.
 
     A topic class gives ``params`` and ``param_names`` (the first parameter
-    is always ``backend``, a name in :data:`BACKENDS`) and :meth:`calls`; the
-    base classes below add ``setup`` and the measurements.
+    is always ``backend``, a name in :data:`BACKENDS`), :meth:`inputs` and
+    :meth:`call`; :meth:`setup` prepares relattn's call and the base classes
+    below add the measurements.
     """
 
     params = [BACKENDS, QUERY_LENGTHS]
     param_names = ["backend", "query_length"]
     timeout = 300
 
-    def calls(
-        self, backend: Backend, *params: Any, with_native: bool
-    ) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
-        """``(relattn call, native call or None)``, both without arguments, on ``backend``.
-
-        ``params`` are the benchmark's parameters after ``backend``. The native
-        call is ``None`` unless ``with_native``; ``NotImplementedError`` where
-        the backend or the function is missing, which asv reports as skipped.
-        """
+    def inputs(self, backend: Target, *params: Any) -> dict:
+        """The arrays of one call on ``backend``; ``params`` follow ``backend``."""
         # TypeError, not NotImplementedError: asv would report the latter as a skip.
-        raise TypeError(f"{type(self).__name__} does not define calls()")
+        raise TypeError(f"{type(self).__name__} does not define inputs()")
+
+    def call(self, backend: Target, arrays: dict, *params: Any) -> Callable[[], Any]:
+        """relattn's call on ``arrays`` (from :meth:`inputs`), without arguments.
+
+        ``NotImplementedError`` where the backend or the function is missing,
+        which asv reports as skipped.
+        """
+        raise TypeError(f"{type(self).__name__} does not define call()")
+
+    def setup(self, backend: str, *params: Any) -> None:
+        """``self.backend``, ``self.arrays`` and ``self.ours`` (relattn's call), run once."""
+        self.backend = get_backend(backend)
+        self.arrays = self.inputs(self.backend, *params)
+        self.ours = self.call(self.backend, self.arrays, *params)
+        self.backend.record.ready(self.ours())  # compile (jax.jit) and touch the memory once
 
 
 class _Speed(_Topic):
     """Speed and host peak memory of relattn on every backend."""
 
-    def setup(self, backend: str, *params: Any) -> None:
-        self.backend = get_backend(backend)
-        self.ours, _ = self.calls(self.backend, *params, with_native=False)
-        self.backend.ready(self.ours())  # compile (jax.jit) and touch the memory once
-
     def time_relattn(self, *params: Any) -> None:
-        self.backend.ready(self.ours())
+        self.backend.record.ready(self.ours())
 
     def peakmem_relattn(self, *params: Any) -> None:
-        self.backend.ready(self.ours())
-
-
-class _VsNative(_Topic):
-    """relattn against the same algorithm written in the library's own API (:mod:`native`).
-
-    ``setup`` first asserts that the two agree on small inputs
-    (:func:`native.check`); Dask has no native code and is skipped.
-    """
-
-    params = [BACKENDS, RATIO_LENGTHS]
-    #: The unit of ``track_ratio_to_native``: asv looks for ``unit`` on the
-    #: method and then on the class, so a topic can name its baseline here
-    #: (``time_*`` benchmarks are in seconds whatever this says).
-    unit = "relattn/native"
-
-    def setup(self, backend: str, *params: Any) -> None:
-        # native.py imports this module at its top: import it only when needed.
-        from . import native
-
-        self.backend = get_backend(backend)
-        native.check(backend)
-        self.ours, self.theirs = self.calls(self.backend, *params, with_native=True)
-        self.backend.ready(self.theirs())
-
-    def time_native(self, *params: Any) -> None:
-        self.backend.ready(self.theirs())
-
-    def track_ratio_to_native(self, *params: Any) -> float:
-        """Median time of relattn over median time of the native code, side by side."""
-        return median_ratio(self.ours, self.theirs, self.backend)[0]
+        self.backend.record.ready(self.ours())
 
 
 class _GPUMemory(_Topic):
-    """Peak device memory of one call, relattn and native (GPU backends only)."""
+    """Peak device memory of relattn's call (GPU backends only)."""
 
     params = [GPU_BACKENDS, QUERY_LENGTHS]
 
-    def setup(self, backend: str, *params: Any) -> None:
-        self.backend = get_backend(backend)
-        self.ours, self.theirs = self.calls(self.backend, *params, with_native=True)
-        self.backend.ready(self.ours())
-        self.backend.ready(self.theirs())
-
     def track_gpu_peak_bytes(self, *params: Any) -> int:
         """Bytes relattn's call allocates on the device at its peak."""
-        return self.backend.gpu_peak_bytes(self.ours)
+        return self.backend.peak_device_bytes(self.ours)
 
     track_gpu_peak_bytes.unit = "bytes"
-
-    def track_native_gpu_peak_bytes(self, *params: Any) -> int:
-        """Bytes the native call allocates on the device at its peak."""
-        return self.backend.gpu_peak_bytes(self.theirs)
-
-    track_native_gpu_peak_bytes.unit = "bytes"

@@ -36,7 +36,9 @@ def _forward(h, query_weight, key_weight, bias):
 class MultiDimensionalAttention(common._Speed):
     """Speed and host peak memory of relattn on every backend (no native baseline)."""
 
-    def calls(self, backend, query_length, with_native):
+    def inputs(self, backend, query_length):
         common.skip_on_cpu_from(backend.name, query_length, 2048)
-        arrays = common.on(backend, _inputs(query_length))
-        return functools.partial(backend.jit(_forward), **arrays), None
+        return common.on(backend, _inputs(query_length))
+
+    def call(self, backend, arrays, query_length):
+        return functools.partial(backend.record.jit(_forward), **arrays)

@@ -29,7 +29,10 @@ class SinusoidalPositionEncoding(common._Speed):
 
     timeout = 120
 
-    def calls(self, backend, query_length, with_native):
+    def inputs(self, backend, query_length):
         lk = common.key_length(query_length)
         distances = np.arange(lk - 1, -query_length, -1, dtype=np.float32)  # i - j, W of them
-        return functools.partial(backend.jit(_encode), backend.asarray(distances)), None
+        return {"positions": backend.asarray(distances)}
+
+    def call(self, backend, arrays, query_length):
+        return functools.partial(backend.record.jit(_encode), arrays["positions"])

@@ -259,57 +259,31 @@ NATIVE = {
 }
 
 
-def family(backend_name: str) -> str | None:
-    """The key of :data:`NATIVE` for a benchmark backend; ``None`` for Dask (no native code)."""
-    if backend_name in ("numpy", "cupy"):
-        return "numpy"
-    if backend_name.startswith("torch"):
-        return "torch"
-    if backend_name.startswith("jax"):
-        return "jax"
-    return None
+def family(backend: Any) -> str | None:
+    """The key of :data:`NATIVE` for a ``common.Target``; ``None`` for Dask (none)."""
+    library = backend.record.name
+    if library == "cupy":
+        return "numpy"  # CuPy's API is NumPy's
+    return library if library in ("numpy", "torch", "jax") else None
 
 
-def native(function: str, backend: Any) -> Any:
-    """The native implementation of relattn's ``function`` for ``backend`` (a common.Backend).
+def native(function: str, backend: Any, **static: Any) -> Any:
+    """The native implementation of relattn's ``function`` for ``backend`` (a common.Target).
 
-    JAX's is compiled with ``jax.jit``; CuPy's is NumPy's code on ``cupy``.
+    ``static`` keywords are bound, and JAX's is compiled with ``jax.jit``
+    (``backend.record.jit``); CuPy's is NumPy's code on ``cupy``.
     ``NotImplementedError`` where there is none (Dask).
     """
-    fam = family(backend.name)
+    fam = family(backend)
     if fam is None:
         raise NotImplementedError(f"no native {function} for {backend.name}")
+    if backend.record.name == "cupy":
+        static = {**static, "lib": backend.lib}
     fn = NATIVE[function][fam]
-    if backend.name == "cupy":
-        return functools.partial(fn, lib=backend.lib)
-    if fam == "jax":
-        import jax
-
-        static = ("key_length",) if function == "rel_shift" else ()
-        return jax.jit(fn, static_argnames=static)
-    return fn
-
-
-def relattn_function(function: str, backend: Any) -> Any:
-    """relattn's ``function``, compiled with ``jax.jit`` on JAX."""
-    import relattn
-
-    fn = getattr(relattn, function, None)
-    if fn is None:  # an older commit, in `asv continuous` or `asv run A..B`
-        raise NotImplementedError(f"relattn {relattn.__version__} has no {function}")
-    if backend.name.startswith("jax"):
-        import jax
-
-        static = ("key_length",) if function == "rel_shift" else ()
-        return jax.jit(fn, static_argnames=static)
-    return fn
+    return backend.record.jit(functools.partial(fn, **static) if static else fn)
 
 
 # -- equality with relattn -----------------------------------------------
-
-
-#: The arrays of a relative-attention call, in the native functions' order.
-RELATIVE_NAMES = ("q", "k", "v", "position_table", "content_bias", "position_bias")
 
 
 @functools.cache
@@ -320,16 +294,16 @@ def check(backend_name: str) -> None:
     (Dask). Cached: one check per process, however many benchmarks call it.
     """
     backend = common.get_backend(backend_name)
-    if family(backend_name) is None:
+    if family(backend) is None:
         raise NotImplementedError(f"no native baselines for {backend_name}")
     tol = {"rtol": 2e-4, "atol": 2e-5}
 
     def same(function: str, args: tuple, kwargs: dict, native_args: tuple | None = None) -> None:
-        ours = relattn_function(function, backend)(*args, **kwargs)
+        ours = common.relattn_function(function, backend)(*args, **kwargs)
         theirs = native(function, backend)(*(args if native_args is None else native_args))
         np.testing.assert_allclose(
-            backend.to_numpy(theirs),
-            backend.to_numpy(ours),
+            backend.record.to_host(theirs),
+            backend.record.to_host(ours),
             **tol,
             err_msg=f"native {function} on {backend_name} differs from relattn",
         )
@@ -337,7 +311,7 @@ def check(backend_name: str) -> None:
     for lq, lk in ((5, 9), (6, 6)):
         for layout in ("causal", "full"):
             arrays = common.on(backend, common.relative_inputs(lq, layout, key_len=lk))
-            q, k, v, table, u, pos = (arrays[n] for n in RELATIVE_NAMES)
+            q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
             same(
                 "relative_attention",
                 (q, k, v, table),
@@ -345,8 +319,9 @@ def check(backend_name: str) -> None:
                 (q, k, v, table, u, pos),
             )
             scores = (q + pos) @ backend.lib.swapaxes(table, -1, -2)
-            ours = backend.to_numpy(relattn_function("rel_shift", backend)(scores, key_length=lk))
-            theirs = backend.to_numpy(native("rel_shift", backend)(scores, lk))
+            ours = common.relattn_function("rel_shift", backend, key_length=lk)(scores)
+            theirs = native("rel_shift", backend, key_length=lk)(scores)
+            ours, theirs = backend.record.to_host(ours), backend.record.to_host(theirs)
             # The causal layout has no column for δ > 0: relattn writes 0 there, the
             # native shift leaves other rows' values, which attention masks.
             keep = np.tri(lq, lk, lk - lq, dtype=bool) if layout == "causal" else True

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import functools
 
-from . import common, native
+from . import common
 
 LAYOUTS = ("causal", "full")
 
 
 class _RelativeAttention(common._Topic):
-    """relattn's and Transformer-XL's relative attention on the same arrays."""
+    """relattn's relative attention (the baseline adds Transformer-XL's) on the same arrays."""
 
     param_names = ["backend", "query_length", "layout"]
 
-    def calls(self, backend, query_length, layout, with_native):
-        arrays = common.on(backend, common.relative_inputs(query_length, layout))
-        q, k, v, table, u, pos = (arrays[name] for name in native.RELATIVE_NAMES)
-        fn = native.relattn_function("relative_attention", backend)
-        ours = functools.partial(fn, q, k, v, table, content_bias=u, position_bias=pos)
-        if not with_native:
-            return ours, None
-        baseline = native.native("relative_attention", backend)
-        return ours, functools.partial(baseline, q, k, v, table, u, pos)
+    def inputs(self, backend, query_length, layout):
+        return common.on(backend, common.relative_inputs(query_length, layout))
+
+    def call(self, backend, arrays, query_length, layout):
+        q, k, v, table, u, pos = (arrays[name] for name in common.RELATIVE_NAMES)
+        fn = common.relattn_function("relative_attention", backend)
+        return functools.partial(fn, q, k, v, table, content_bias=u, position_bias=pos)
 
 
 class RelativeAttention(_RelativeAttention, common._Speed):
@@ -37,13 +35,7 @@ class RelativeAttention(_RelativeAttention, common._Speed):
     params = [common.BACKENDS, common.QUERY_LENGTHS, LAYOUTS]
 
 
-class RelativeAttentionVsNative(_RelativeAttention, common._VsNative):
-    """relattn against Transformer-XL's code in the library itself (pad-and-reshape shift)."""
-
-    params = [common.BACKENDS, common.RATIO_LENGTHS, LAYOUTS]
-
-
 class RelativeAttentionGPUMemory(_RelativeAttention, common._GPUMemory):
-    """Peak device memory of one call, relattn and native (GPU backends only)."""
+    """Peak device memory of relattn's call (GPU backends only)."""
 
     params = [common.GPU_BACKENDS, common.QUERY_LENGTHS, LAYOUTS]

@@ -4,7 +4,7 @@
 layout) or ``W = Lq + Lk - 1`` (full layout). Where a library returns views
 (NumPy, PyTorch) the full-layout shift of a contiguous array copies nothing, so
 its time is the dispatch alone; the native baseline (Transformer-XL's
-pad-and-reshape) always copies.
+pad-and-reshape, in ``baselines.py``) always copies.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from . import common, native
+from . import common
 
 LAYOUTS = ("causal", "full")
 
@@ -26,17 +26,18 @@ def _scores(query_length: int, layout: str) -> np.ndarray:
 
 
 class _RelShift(common._Topic):
-    """relattn's ``rel_shift`` and Transformer-XL's ``_rel_shift`` on the same scores."""
+    """relattn's ``rel_shift`` (the baseline adds Transformer-XL's ``_rel_shift``) on scores."""
 
     param_names = ["backend", "query_length", "layout"]
 
-    def calls(self, backend, query_length, layout, with_native):
-        x = backend.asarray(_scores(query_length, layout), batched=True)
+    def inputs(self, backend, query_length, layout):
+        return {"x": backend.asarray(_scores(query_length, layout), batched=True)}
+
+    def call(self, backend, arrays, query_length, layout):
         lk = common.key_length(query_length)
-        ours = functools.partial(native.relattn_function("rel_shift", backend), x, key_length=lk)
-        if not with_native:
-            return ours, None
-        return ours, functools.partial(native.native("rel_shift", backend), x, key_length=lk)
+        return functools.partial(
+            common.relattn_function("rel_shift", backend, key_length=lk), arrays["x"]
+        )
 
 
 class RelShift(_RelShift, common._Speed):
@@ -51,18 +52,12 @@ class RelShift(_RelShift, common._Speed):
 
     def setup(self, backend, query_length, layout):
         super().setup(backend, query_length, layout)
-        shifted = self.backend.to_numpy(self.ours())
+        shifted = self.backend.record.to_host(self.ours())
         shifted = self.backend.asarray(np.ascontiguousarray(shifted), batched=True)
         self.unshift = functools.partial(
-            native.relattn_function("rel_unshift", self.backend), shifted
+            common.relattn_function("rel_unshift", self.backend), shifted
         )
-        self.backend.ready(self.unshift())
+        self.backend.record.ready(self.unshift())
 
     def time_rel_unshift(self, backend, query_length, layout):
-        self.backend.ready(self.unshift())
-
-
-class RelShiftVsNative(_RelShift, common._VsNative):
-    """relattn's flat-stride shift against Transformer-XL's pad-and-reshape ``_rel_shift``."""
-
-    params = [common.BACKENDS, common.RATIO_LENGTHS, LAYOUTS]
+        self.backend.record.ready(self.unshift())

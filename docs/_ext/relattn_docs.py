@@ -271,10 +271,12 @@ def probe_backend(name: str) -> tuple[str | None, list[dict[str, str]]]:
     import numpy as np
 
     conftest, transforms = _test_modules()
-    backend = next(b for b in conftest.BACKENDS if b.name == name)
+    # The test suite's backends: ``TARGETS`` (one library on one device), formerly ``BACKENDS``.
+    targets = getattr(conftest, "TARGETS", None) or conftest.BACKENDS
+    backend = next(b for b in targets if b.name == name)
     if backend.unavailable:
         return backend.unavailable, []
-    numpy = next(b for b in conftest.BACKENDS if b.name == "numpy")
+    numpy = next(b for b in targets if b.name == "numpy")
     rows = []
     for seed, (case_name, case) in enumerate(sorted(transforms.CASES.items())):
         dtypes, why = _probe_dtypes(backend, case, numpy, transforms, seed)

@@ -11,6 +11,10 @@ def _identity(x: Any, *args: Any, **kwargs: Any) -> Any:
     return x
 
 
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 def _always(x: Any) -> bool:
     return True
 
@@ -91,12 +95,29 @@ class Backend:
         ``kind -> device`` for ``kind`` ``"cpu"`` or ``"gpu"``: the library's
         device object of that kind (``None`` where the library has a single
         implicit device), or ``LookupError`` saying why there is none.
+    query_chunks : bool
+        The generic dense path runs a block of queries at a time
+        (:func:`relattn.blocks.dense_in_query_blocks`): right for libraries
+        that run one operation at a time and free intermediates as soon as
+        they are dropped; ``False`` where a compiler plans the memory (JAX).
+    checkpoint : callable
+        ``(fn, *arrays) -> fn(*arrays)``, its intermediates recomputed in the
+        backward pass instead of kept (``jax.checkpoint``,
+        ``torch.utils.checkpoint``); a plain call where there is no autograd.
+        The blockwise path wraps each query block in it.
+    blockwise : callable or None
+        ``(blocks, xp, *, block_size, dtype) -> out``: the blockwise path in the
+        library's own traced loops (JAX: ``lax.map`` over query blocks,
+        ``lax.fori_loop`` over key blocks), or ``None`` for relattn's Python
+        loop over static blocks.
     fused_attention : callable or None
-        ``(q, k, v, *, bias, mask, scale) -> out or None``: the library's own
-        attention kernel for ``softmax(q kᵀ · scale + bias, mask) v`` with
-        relattn's semantics (fully masked rows are zero), or ``None`` where the
-        inputs do not fit it. ``None`` (the field) where the library has none
-        worth using; relattn then runs the generic array-API path.
+        ``(q, k, v) -> kernel or None``: the library's own attention kernel for
+        these inputs, where it takes them and is worth using;
+        ``kernel(*, bias, mask, scale) -> out`` computes
+        ``softmax(q kᵀ · scale + bias, mask) v`` with relattn's semantics
+        (fully masked rows are zero). Asked before the bias is built, so that a
+        bias is never computed twice. ``None`` (the field) where the library has
+        no kernel worth using; relattn then runs the generic array-API path.
     """
 
     name: str
@@ -111,4 +132,8 @@ class Backend:
     jit: Callable[[Any], Any] = _identity
     compile: Callable[..., Any] | None = None
     device: Callable[[str], Any] = _HOST_ONLY
+    query_chunks: bool = True
+    checkpoint: Callable[..., Any] = _call
+    blockwise: Callable[..., Any] | None = None
     fused_attention: Callable[..., Any] | None = None
+    peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None

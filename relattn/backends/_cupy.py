@@ -41,6 +41,23 @@ def _device(kind: str) -> Any:
     return cupy.cuda.Device(0)
 
 
+def _peak_device_bytes(fn: Any, device: Any) -> int:
+    """Growth of CuPy's default memory pool while ``fn()`` runs, emptied of free blocks before.
+
+    The pool keeps the blocks freed during the run, so its size afterwards
+    bounds the peak from above (by the blocks it could not reuse).
+    """
+    import cupy
+
+    with cupy.cuda.Device() if device is None else device:
+        pool = cupy.get_default_memory_pool()
+        cupy.cuda.get_current_stream().synchronize()
+        pool.free_all_blocks()
+        before = pool.total_bytes()
+        _ready(fn())
+        return pool.total_bytes() - before
+
+
 BACKEND = Backend(
     name="cupy",
     library="cupy",
@@ -49,4 +66,5 @@ BACKEND = Backend(
     to_host=_to_host,
     ready=_ready,
     device=_device,
+    peak_device_bytes=_peak_device_bytes,
 )

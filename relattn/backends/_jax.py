@@ -53,6 +53,24 @@ def _device(kind: str) -> Any:
         raise LookupError(f"jax has no {kind.upper()} device") from None
 
 
+def _peak_device_bytes(fn: Any, device: Any) -> int:
+    """XLA's ``peak_bytes_in_use`` on ``device`` after ``fn()``, over ``bytes_in_use`` before.
+
+    XLA keeps one peak per process and cannot reset it: the largest call made
+    before on the same device shows through where it exceeds this one's.
+    """
+    import jax
+
+    device = jax.devices()[0] if device is None else device
+    stats = device.memory_stats()
+    if not stats:
+        raise LookupError(f"jax keeps no memory statistics on {device}")
+    before = stats.get("bytes_in_use", 0)
+    _ready(fn())
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
+    return max(peak - before, 0)
+
+
 def dot_product_attention(
     q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float, implementation: Any = None
 ) -> Any:
@@ -87,25 +105,139 @@ def dot_product_attention(
     return out
 
 
-def _fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
+def _checkpoint(fn: Any, *args: Any) -> Any:
+    import jax
+
+    return jax.checkpoint(fn)(*args)
+
+
+def _pad_axis(x: Any, axis: int, size: int, value: Any = 0) -> Any:
+    """``x`` padded with ``value`` to ``size`` along ``axis``, unless that axis broadcasts."""
+    import jax.numpy as jnp
+
+    if x is None or x.ndim < -axis or x.shape[axis] in (1, size):
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _slice_axis(x: Any, start: Any, size: int, axis: int) -> Any:
+    """``x[start : start + size]`` along ``axis`` for a traced ``start``, unless it broadcasts."""
+    from jax import lax
+
+    if x is None or x.ndim < -axis or x.shape[axis] == 1:
+        return x
+    return lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
+
+
+def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
+    """relattn's blockwise path in JAX's own loops: one block step, compiled once.
+
+    Query blocks run under ``lax.map`` (one after the other), each wrapped in
+    ``jax.checkpoint`` so that the backward pass recomputes it; key blocks under
+    ``lax.fori_loop``, with ``lax.cond`` skipping those wholly after a causal
+    query block. Offsets are traced, so the block's table slices are gathers
+    (:func:`relattn.blocks.relative_term`). Queries and keys are padded to whole
+    blocks; padded keys are masked and padded queries dropped.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from .. import blocks as blk
+
+    rel = blocks.rel
+    lq, lk = rel.lq, rel.lk
+    bq, bk = min(block_size, lq), min(block_size, lk)
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    rows, cols = nq * bq, nk * bk
+    padded = blk.Blocks(
+        _pad_axis(blocks.q, -2, rows),
+        _pad_axis(blocks.k, -2, cols),
+        _pad_axis(blocks.v, -2, cols),
+        rel,
+        _pad_axis(blocks.qp, -2, rows),
+        _pad_axis(blocks.ks, -2, cols),
+        blocks.value_table,
+        _pad_axis(_pad_axis(blocks.bias, -1, cols), -2, rows),
+        _pad_axis(_pad_axis(blocks.mask, -1, cols, False), -2, rows, False),
+    )
+    key_limit = lk if cols != lk else None
+    offset = lk - lq
+    lead, d_v = blocks.lead, blocks.v.shape[-1]
+    work = blk.accumulator_dtype(dtype, xp)
+
+    def query_block(iq: Any) -> Any:
+        i0 = iq * bq
+        q = _slice_axis(padded.q, i0, bq, -2)
+        qp = _slice_axis(padded.qp, i0, bq, -2)
+        bias = _slice_axis(padded.bias, i0, bq, -2) if _has_rows(padded.bias) else padded.bias
+        mask = _slice_axis(padded.mask, i0, bq, -2) if _has_rows(padded.mask) else padded.mask
+
+        def step(jk: Any, state: Any) -> Any:
+            j0 = jk * bk
+            block = (i0, bq, j0, bk)
+
+            def fold(state: Any) -> Any:
+                s = blk.pair_scores(
+                    padded, q, _slice_axis(padded.k, j0, bk, -2), qp,
+                    _slice_axis(padded.ks, j0, bk, -2), block, xp,
+                    bias=_slice_axis(bias, j0, bk, -1), mask=_slice_axis(mask, j0, bk, -1),
+                    key_limit=key_limit,
+                )  # fmt: skip
+                v = _slice_axis(padded.v, j0, bk, -2)
+                return blk.block_step(
+                    state, s, v, xp, value_table=blk.value_slice(padded, block, xp)
+                )
+
+            if not rel.causal:
+                return fold(state)
+            return lax.cond(j0 <= i0 + bq - 1 + offset, fold, lambda state: state, state)
+
+        start = blk.block_start((*lead, bq, d_v), work, None, xp)
+        return blk.block_finish(lax.fori_loop(0, nk, step, start), dtype, xp)
+
+    outputs = lax.map(jax.checkpoint(query_block), jnp.arange(nq))  # (nq, *lead, bq, d_v)
+    out = jnp.reshape(jnp.moveaxis(outputs, 0, -3), (*lead, rows, d_v))
+    return out[..., :lq, :]
+
+
+def _has_rows(x: Any) -> bool:
+    return x is not None and x.ndim >= 2 and x.shape[-2] != 1
+
+
+def _fused_attention(q: Any, k: Any, v: Any) -> Any:
     """cuDNN's flash attention on a GPU for float16/bfloat16, where it takes the shapes.
 
     ``jax.nn.dot_product_attention`` without ``implementation="cudnn"`` runs the
-    same XLA graph as relattn's generic path, so it is used only where cuDNN can
-    run: a CUDA default backend, a half dtype, ``d <= 128`` and a multiple of 8.
+    same XLA graph as relattn's generic path, so the kernel is offered only
+    where cuDNN can run: a CUDA default backend, a half dtype, ``d <= 128`` and
+    a multiple of 8, ``(B, H, L, d)`` inputs with ``d_v = d``. A layout cuDNN
+    still turns down runs JAX's XLA implementation instead.
     """
+    import functools
+
     import jax
     import jax.numpy as jnp
 
     half = q.dtype in (jnp.float16, jnp.bfloat16)
     if not half or jax.default_backend() != "gpu" or q.shape[-1] > 128 or q.shape[-1] % 8:
         return None
+    if not (q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]):
+        return None
+    if v.shape[-1] != q.shape[-1]:
+        return None
+    return functools.partial(_cudnn_or_xla, q, k, v)
+
+
+def _cudnn_or_xla(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
     try:
         return dot_product_attention(
             q, k, v, bias=bias, mask=mask, scale=scale, implementation="cudnn"
         )
     except (NotImplementedError, ValueError, RuntimeError):
-        return None  # a shape or layout cuDNN turns down: the generic path runs
+        return dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
 
 
 BACKEND = Backend(
@@ -120,5 +252,9 @@ BACKEND = Backend(
     jit=_jit,
     compile=_jit,
     device=_device,
+    query_chunks=False,
+    checkpoint=_checkpoint,
+    blockwise=blockwise,
     fused_attention=_fused_attention,
+    peak_device_bytes=_peak_device_bytes,
 )

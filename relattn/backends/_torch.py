@@ -47,6 +47,20 @@ def _compile(fn: Any, **options: Any) -> Any:
     return torch.compile(fn, fullgraph=True, **options)
 
 
+def _checkpoint(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``; under autograd, recomputed in the backward pass instead of kept."""
+    import torch
+
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    )
+    if not needs_grad:
+        return fn(*args)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(fn, *args, use_reentrant=False)
+
+
 def _device(kind: str) -> Any:
     import torch
 
@@ -57,6 +71,28 @@ def _device(kind: str) -> Any:
             raise LookupError("torch has no CUDA device")
         return torch.device("cuda")
     raise LookupError(f"unknown device kind {kind!r}")
+
+
+def _peak_device_bytes(fn: Any, device: Any) -> int:
+    """The CUDA caching allocator's peak while ``fn()`` runs, reset just before."""
+    import torch
+
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda":
+        raise LookupError(f"torch counts device memory on CUDA devices, not on {device}")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def _fused_attention(q: Any, k: Any, v: Any) -> Any:
+    """The kernel below for every input (relattn calls it only on non-empty ones)."""
+    import functools
+
+    return functools.partial(fused_attention, q, k, v)
 
 
 def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
@@ -94,5 +130,7 @@ BACKEND = Backend(
     ready=_ready,
     compile=_compile,
     device=_device,
-    fused_attention=fused_attention,
+    checkpoint=_checkpoint,
+    fused_attention=_fused_attention,
+    peak_device_bytes=_peak_device_bytes,
 )

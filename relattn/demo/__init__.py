@@ -3,35 +3,43 @@
 Byte tokens of a text (the Zen of Python by default) run through small
 encoders with seeded random weights, one per scheme: absolute sinusoids
 (Vaswani), Shaw's clipped relative representations, Transformer-XL with
-segment memory, TENER, complex-order embeddings and DiSAN. Each backend runs
-the same relattn code; the demo checks it against a NumPy float64 run and
-against the same model computed naively (per-pair gathers, materialised
-relative tensors, unchunked logits), and times each segment.
+segment memory, TENER, complex-order embeddings, DiSAN, T5's bucketed bias,
+ALiBi, RoPE and DeBERTa's disentangled attention. Each backend runs the same
+relattn code; the demo checks it against a NumPy float64 run and against the
+same model computed naively (per-pair gathers, materialised relative tensors
+and biases, per-pair rotations, unchunked logits), and times each segment.
+
+The backends are those of :data:`relattn.backends.MODULES`, loaded with
+:func:`relattn.backends.load`.
 """
 
 from .models import SCHEMES, Config, TransformerXLEncoder
 from .runner import (
-    BACKENDS,
     TOLERANCES,
-    available,
+    WITH_MEMORY,
     byte_tokens,
+    config_problem,
+    default_device,
     demo,
     exceeds,
+    find_backends,
     read_text,
     run,
     zen_of_python,
 )
 
 __all__ = [
-    "BACKENDS",
     "SCHEMES",
     "TOLERANCES",
+    "WITH_MEMORY",
     "Config",
     "TransformerXLEncoder",
-    "available",
     "byte_tokens",
+    "config_problem",
+    "default_device",
     "demo",
     "exceeds",
+    "find_backends",
     "read_text",
     "run",
     "zen_of_python",

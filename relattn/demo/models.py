@@ -1,11 +1,13 @@
 """The demo's encoders, one per position scheme, built from relattn calls.
 
 Each encoder holds seeded random weights on one backend and encodes byte
-tokens segment by segment: ``step(h, memories, naive)`` returns the segment's
-output and the memories for the next segment (only Transformer-XL keeps any).
-``naive=True`` swaps relattn's algorithm for the formula computed directly
-(per-pair gathers, materialised relative tensors, unchunked logits), so the
-demo can show that the two agree.
+tokens segment by segment: ``step(h, memories, naive, start)`` returns the
+segment's output and the memories for the next segment (Transformer-XL, ALiBi
+and RoPE keep some); ``start`` is the position of the segment's first token
+(RoPE's cache offset). ``naive=True`` swaps relattn's algorithm for the
+formula computed directly (per-pair gathers, materialised relative tensors
+and biases, per-pair rotations, unchunked logits), so the demo can show that
+the two agree.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ import numpy as np
 
 from .._activations import elu
 from ..attention import relative_attention, scaled_dot_product_attention
+from ..biases import alibi_slopes, log_bucket_position, relative_position_bucket
 from ..complex_order import complex_attention, complex_linear, complex_order_embedding
 from ..core import softmax
 from ..disan import multi_dimensional_attention
+from ..disentangled import disentangled_attention
 from ..encodings import sinusoidal_position_encoding
 from ..heads import merge_heads, split_heads
 from ..masks import causal_mask
 from ..memory import update_memory
 from ..positions import relative_distances, relative_positions, relative_table
+from ..rotary import rotary_position_embedding
 from ..shaw import shaw_attention
 
 
@@ -46,10 +51,11 @@ def dense(rng: np.random.Generator, n_in: int, n_out: int) -> np.ndarray:
     return rng.normal(scale=1 / math.sqrt(n_in), size=(n_in, n_out))
 
 
-def transformer_weights(config: Config, extra: Any = None) -> dict[str, Any]:
+def transformer_weights(config: Config, extra: Any = None, shared: Any = None) -> dict[str, Any]:
     """Seeded float64 NumPy weights of a post-norm Transformer encoder.
 
-    ``extra(rng)`` adds scheme-specific arrays to each layer.
+    ``extra(rng)`` adds scheme-specific arrays to each layer, ``shared(rng)``
+    arrays that every layer uses (under ``"shared"``).
     """
     rng = np.random.default_rng(config.seed)
     d, h = config.d_model, config.heads
@@ -67,7 +73,10 @@ def transformer_weights(config: Config, extra: Any = None) -> dict[str, Any]:
         if extra is not None:
             layer.update(extra(rng))
         layers.append(layer)
-    return {"embedding": rng.normal(size=(256, d)), "layers": layers}
+    weights = {"embedding": rng.normal(size=(256, d)), "layers": layers}
+    if shared is not None:
+        weights["shared"] = shared(rng)
+    return weights
 
 
 def layer_norm(x: Any, xp: Any, eps: float = 1e-5) -> Any:
@@ -98,6 +107,61 @@ def naive_relative_attention(q, k, v, r, u, vb, *, scale, causal, xp, device):
     return softmax(scores, mask, -1, xp) @ v
 
 
+def pair_distances(lq: int, lk: int) -> np.ndarray:
+    """``δ(i, j) = j - (i + Lk - Lq)`` of every pair, on the host: ``(Lq, Lk)`` ints."""
+    return np.arange(lk)[None, :] - (np.arange(lq)[:, None] + (lk - lq))
+
+
+def t5_bucket(delta: np.ndarray, num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bidirectional bucket of each ``δ``, written on the host.
+
+    A transcription of Mesh TensorFlow's ``_relative_position_bucket``, whose
+    ``n`` is ``-δ``; the twin of :func:`relattn.relative_position_bucket`.
+    """
+    n = -delta
+    num_buckets //= 2
+    ret = (n < 0) * num_buckets
+    n = np.abs(n)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # max(n, 1): log(0) is never used (n = 0 is small) but would warn.
+    val_if_large = max_exact + (
+        np.log(np.maximum(n, 1) / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).astype(np.int64)
+    val_if_large = np.minimum(val_if_large, num_buckets - 1)
+    return ret + np.where(is_small, n, val_if_large)
+
+
+def deberta_bucket(relative_pos: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:
+    """DeBERTa-v2's bucket of each relative position, written on the host.
+
+    A transcription of HF transformers' ``make_log_bucket_position``; the twin
+    of :func:`relattn.log_bucket_position`.
+    """
+    sign = np.sign(relative_pos)
+    mid = bucket_size // 2
+    small = (relative_pos < mid) & (relative_pos > -mid)
+    abs_pos = np.where(small, mid - 1, np.abs(relative_pos))
+    log_pos = np.ceil(np.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return np.where(abs_pos <= mid, relative_pos, log_pos * sign).astype(np.int64)
+
+
+def press_slopes(n: int) -> list[float]:
+    """ALiBi's slopes as the authors' ``get_slopes`` computes them; the twin of
+    :func:`relattn.alibi_slopes`."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + press_slopes(2 * closest)[0::2][: n - closest]
+
+
 class Encoder:
     """A post-norm Transformer encoder; subclasses supply ``attend``."""
 
@@ -108,7 +172,11 @@ class Encoder:
         self.config, self.xp, self.dtype, self.device = config, xp, dtype, device
         weights = self.init_weights(config)
         self.embedding = self.array(weights["embedding"])
-        self.layers = [{n: self.array(w) for n, w in p.items()} for p in weights["layers"]]
+        self.layers = [
+            {n: self.array(w) if isinstance(w, np.ndarray) else w for n, w in p.items()}
+            for p in weights["layers"]
+        ]
+        self.shared = {n: self.array(w) for n, w in weights.get("shared", {}).items()}
 
     @staticmethod
     def init_weights(config: Config) -> dict[str, Any]:
@@ -128,26 +196,31 @@ class Encoder:
     def heads(self, x: Any) -> Any:
         return split_heads(x, self.config.heads)
 
-    def attend(self, h: Any, memory: Any, p: dict, naive: bool) -> Any:
+    def attend(self, h: Any, memory: Any, p: dict, naive: bool, start: Any = 0) -> Any:
+        """Multi-head attention of segment ``h`` (first position ``start``): ``(H, L, d_head)``."""
         raise NotImplementedError
 
     def remember(self, memory: Any, h: Any) -> Any:
         """The memory this layer hands to the next segment (none by default)."""
         return memory
 
-    def layer(self, h: Any, memory: Any, p: dict, naive: bool) -> Any:
+    def layer(self, h: Any, memory: Any, p: dict, naive: bool, start: Any = 0) -> Any:
         """Attention, residual and norm; feed-forward, residual and norm."""
         xp = self.xp
-        h = layer_norm(h + merge_heads(self.attend(h, memory, p, naive)) @ p["w_o"], xp)
+        h = layer_norm(h + merge_heads(self.attend(h, memory, p, naive, start)) @ p["w_o"], xp)
         hidden = xp.maximum(h @ p["w_1"] + p["b_1"], xp.zeros((), dtype=h.dtype))
         return layer_norm(h + hidden @ p["w_2"] + p["b_2"], xp)
 
-    def step(self, h: Any, memories: list, naive: bool = False) -> tuple[Any, list]:
-        """One segment through every layer; returns the output and the next memories."""
+    def step(self, h: Any, memories: list, naive: bool = False, start: Any = 0) -> tuple[Any, list]:
+        """One segment through every layer; returns the output and the next memories.
+
+        ``start`` (an int, traced under a jit) is the position of the segment's
+        first token in the text.
+        """
         new = []
         for p, memory in zip(self.layers, memories, strict=True):
             new.append(self.remember(memory, h))
-            h = self.layer(h, memory, p, naive)
+            h = self.layer(h, memory, p, naive, start)
         return h, new
 
 
@@ -163,7 +236,7 @@ class AbsoluteEncoder(Encoder):
         )
         return super().embed(tokens) + pe
 
-    def attend(self, h, memory, p, naive):
+    def attend(self, h, memory, p, naive, start=0):
         xp = self.xp
         q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
         if not naive:
@@ -191,7 +264,7 @@ class ShawEncoder(Encoder):
 
         return transformer_weights(config, tables)
 
-    def attend(self, h, memory, p, naive):
+    def attend(self, h, memory, p, naive, start=0):
         xp = self.xp
         q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
         if not naive:
@@ -207,7 +280,18 @@ class ShawEncoder(Encoder):
         return weights @ v + xp.sum(weights[..., None] * a_v, axis=-2)
 
 
-class TransformerXLEncoder(Encoder):
+class MemoryEncoder(Encoder):
+    """Each layer also attends to its last ``memory`` inputs of past segments (Transformer-XL)."""
+
+    def context(self, h: Any, memory: Any) -> Any:
+        """The keys' inputs: the layer's memory, then the segment."""
+        return h if memory is None else self.xp.concat((memory, h), axis=-2)
+
+    def remember(self, memory: Any, h: Any) -> Any:
+        return update_memory(memory, h, self.config.memory)
+
+
+class TransformerXLEncoder(MemoryEncoder):
     """Dai et al. 2019: relative scores with u, v and segment memory."""
 
     name = "xl"
@@ -222,8 +306,8 @@ class TransformerXLEncoder(Encoder):
             distance, self.config.d_model, layout="concatenated", dtype=self.dtype
         )
 
-    def attend(self, h, memory, p, naive):
-        context = h if memory is None else self.xp.concat((memory, h), axis=-2)
+    def attend(self, h, memory, p, naive, start=0):
+        context = self.context(h, memory)
         q = self.heads(h @ p["w_q"])
         k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
         r = self.heads(self.position_table(q.shape[-2], k.shape[-2]) @ p["w_r"])
@@ -235,9 +319,6 @@ class TransformerXLEncoder(Encoder):
             )
         return relative_attention(q, k, v, r, content_bias=u, position_bias=vb)
 
-    def remember(self, memory: Any, h: Any) -> Any:
-        return update_memory(memory, h, self.config.memory)
-
 
 class TenerEncoder(Encoder):
     """Yan et al. 2019: unprojected keys, unprojected signed sinusoid, no scaling."""
@@ -245,7 +326,7 @@ class TenerEncoder(Encoder):
     name = "tener"
     description = "TENER: unprojected signed sinusoid, full layout, scale 1"
 
-    def attend(self, h, memory, p, naive):
+    def attend(self, h, memory, p, naive, start=0):
         xp, length = self.xp, h.shape[-2]
         q, k, v = self.heads(h @ p["w_q"]), self.heads(h), self.heads(h @ p["w_v"])
         distance = -relative_distances(length, length, xp=xp, device=self.device)
@@ -296,7 +377,7 @@ class ComplexOrderEncoder(Encoder):
         positions = xp.arange(len(tokens), dtype=self.dtype, device=self.device)
         return complex_order_embedding(r, w, theta, positions)
 
-    def layer(self, h, memory, p, naive):
+    def layer(self, h, memory, p, naive, start=0):
         xp = self.xp
         q, k, v = (self.heads(complex_linear(h, p[w])) for w in ("w_q", "w_k", "w_v"))
         if not naive:
@@ -335,7 +416,7 @@ class DisanEncoder(Encoder):
 
         return {"embedding": rng.normal(size=(256, d)), "layers": [block(), block()]}
 
-    def step(self, h, memories, naive=False):
+    def step(self, h, memories, naive=False, start=0):
         """Forward and backward DiSA blocks, concatenated: ``(L, 2·d)``."""
         xp = self.xp
         outputs = []
@@ -356,6 +437,170 @@ class DisanEncoder(Encoder):
         return xp.concat(outputs, axis=-1), memories
 
 
+class T5Encoder(Encoder):
+    """Raffel et al. 2020: a learned scalar per distance bucket and head, shared by the layers."""
+
+    name = "t5"
+    description = "T5: learned bias per distance bucket and head, shared by layers, scale 1"
+    num_buckets, max_distance = 32, 128
+
+    @classmethod
+    def init_weights(cls, config: Config) -> dict[str, Any]:
+        def table(rng: np.random.Generator) -> dict[str, np.ndarray]:
+            return {"bias_table": rng.normal(size=(cls.num_buckets, config.heads))}
+
+        return transformer_weights(config, shared=table)
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp, length = self.xp, h.shape[-2]
+        q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
+        table = self.shared["bias_table"]  # (num_buckets, H)
+        if not naive:
+            # one bucket, and one value per head, for each column of the relative layout
+            distances = relative_distances(length, length, xp=xp, device=self.device)
+            buckets = relative_position_bucket(
+                distances, num_buckets=self.num_buckets, max_distance=self.max_distance
+            )
+            values = xp.matrix_transpose(xp.take(table, buckets, axis=0))  # (H, W)
+            return scaled_dot_product_attention(q, k, v, relative_bias=values, scale=1.0)
+        # HF's way: a bucket per (i, j) pair, the (H, Lq, Lk) bias materialised.
+        buckets = t5_bucket(pair_distances(length, length), self.num_buckets, self.max_distance)
+        index = xp.asarray(np.reshape(buckets, (-1,)), device=self.device)
+        bias = xp.reshape(
+            xp.matrix_transpose(xp.take(table, index, axis=0)), (table.shape[1], length, length)
+        )
+        return softmax(q @ xp.matrix_transpose(k) + bias, None, -1, xp) @ v
+
+
+class AlibiEncoder(MemoryEncoder):
+    """Press et al. 2022: causal attention biased by a slope per head times the distance."""
+
+    name = "alibi"
+    description = "ALiBi: slope per head times distance, causal layout, segment memory"
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp = self.xp
+        context = self.context(h, memory)
+        q = self.heads(h @ p["w_q"])
+        k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+        lq, lk = q.shape[-2], k.shape[-2]
+        if not naive:
+            # m_h·δ over the causal layout (δ <= 0, width Lk), which masks δ > 0
+            slopes = alibi_slopes(self.config.heads, dtype=self.dtype, device=self.device, xp=xp)
+            distances = relative_distances(lq, lk, causal=True, xp=xp, device=self.device)
+            values = slopes[:, None] * xp.astype(distances, self.dtype)  # (H, Lk)
+            return scaled_dot_product_attention(q, k, v, relative_bias=values)
+        # m_h·(j - i) materialised for every pair, with a causal mask.
+        delta = pair_distances(lq, lk)
+        slopes = xp.asarray(press_slopes(self.config.heads), dtype=self.dtype, device=self.device)
+        bias = slopes[:, None, None] * xp.asarray(delta, dtype=self.dtype, device=self.device)
+        scores = q @ xp.matrix_transpose(k) / math.sqrt(q.shape[-1]) + bias
+        return softmax(scores, xp.asarray(delta <= 0, device=self.device), -1, xp) @ v
+
+
+class RotaryEncoder(MemoryEncoder):
+    """Su et al. 2021: queries and keys rotated at their positions in the text, causal.
+
+    The positions count from the start of the text (a cache offset: the
+    segment's first token is at ``start``), memory keys at their own
+    positions. Even layers pair features as LLaMA does (``"concatenated"``),
+    odd layers as the paper and GPT-J do (``"interleaved"``).
+    """
+
+    name = "rope"
+    description = (
+        "RoPE: q, k rotated at their positions in the text, LLaMA pairs (interleaved in "
+        "odd layers), causal, segment memory"
+    )
+
+    @staticmethod
+    def init_weights(config: Config) -> dict[str, Any]:
+        weights = transformer_weights(config)
+        for n, layer in enumerate(weights["layers"]):
+            layer["layout"] = ("concatenated", "interleaved")[n % 2]
+        return weights
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp = self.xp
+        context = self.context(h, memory)
+        q = self.heads(h @ p["w_q"])
+        k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+        lq, lk = q.shape[-2], k.shape[-2]
+        if not naive:
+            # keys at start - M … start + Lq - 1 (memory first); the queries are the last Lq
+            positions = xp.arange(lk, device=self.device) + (start - (lk - lq))
+            q = rotary_position_embedding(q, positions[lk - lq :], layout=p["layout"])
+            k = rotary_position_embedding(k, positions, layout=p["layout"])
+            return scaled_dot_product_attention(q, k, v, causal=True)
+        # q_i · R(δθ) k_j for every pair: each feature pair (a, b) of k_j rotated by
+        # δ(i, j)·θ_k, θ_k = 10000^(-2k/d); no position but the pair's distance.
+        d = q.shape[-1]
+        half = d // 2
+        delta = pair_distances(lq, lk)
+        angle = delta[:, :, None] * 10000.0 ** (-2 * np.arange(half) / d)  # (Lq, Lk, d/2)
+        cos, sin = (
+            xp.asarray(f(angle), dtype=self.dtype, device=self.device) for f in (np.cos, np.sin)
+        )
+        if p["layout"] == "concatenated":  # pairs (x_k, x_{k+d/2})
+            a, b = slice(0, half), slice(half, d)
+        else:  # pairs (x_2k, x_2k+1)
+            a, b = slice(0, d, 2), slice(1, d, 2)
+        qa, qb = q[..., :, None, a], q[..., :, None, b]
+        ka, kb = k[..., None, :, a], k[..., None, :, b]
+        scores = xp.sum(qa * (ka * cos - kb * sin) + qb * (ka * sin + kb * cos), axis=-1)
+        mask = xp.asarray(delta <= 0, device=self.device)
+        return softmax(scores / math.sqrt(d), mask, -1, xp) @ v
+
+
+class DebertaEncoder(Encoder):
+    """He et al. 2021, DeBERTa-v2/v3: disentangled attention over log-bucketed distances.
+
+    One relative embedding table of ``2k`` rows (``k`` DeBERTa's
+    ``position_buckets``, its attention span) is shared by the layers; each
+    layer projects it with its own ``W_q`` and ``W_k`` (``share_att_key``) into
+    position queries and keys. The pair ``(i, j)`` reads row
+    ``φ = clip(bucket(i - j) + k, 0, 2k - 1)`` of both: DeBERTa indexes by
+    query minus key, ``-δ``.
+    """
+
+    name = "deberta"
+    description = "DeBERTa-v2: c2c + c2p + p2c, log-bucketed table of 2k rows, scale 1/√(3d)"
+    span, max_position = 16, 32  # k = position_buckets, max_relative_positions
+
+    @classmethod
+    def init_weights(cls, config: Config) -> dict[str, Any]:
+        def table(rng: np.random.Generator) -> dict[str, np.ndarray]:
+            return {"relative_embeddings": rng.normal(size=(2 * cls.span, config.d_model))}
+
+        return transformer_weights(config, shared=table)
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp, length, span = self.xp, h.shape[-2], self.span
+        q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
+        table = self.shared["relative_embeddings"]
+        pos_key, pos_query = (self.heads(table @ p[w]) for w in ("w_k", "w_q"))  # (H, 2k, d_head)
+        if not naive:
+            # one row of each table per column of the full relative layout
+            delta = relative_distances(length, length, xp=xp, device=self.device)
+            bucket = log_bucket_position(-delta, bucket_size=span, max_position=self.max_position)
+            phi = xp.clip(bucket + span, 0, 2 * span - 1)
+            key_table, query_table = (xp.take(t, phi, axis=1) for t in (pos_key, pos_query))
+            return disentangled_attention(q, k, v, key_table, query_table)
+        # HF's way: φ for every (i, j) pair, the three scores written out.
+        bucket = deberta_bucket(-pair_distances(length, length), span, self.max_position)
+        phi = xp.asarray(
+            np.reshape(np.clip(bucket + span, 0, 2 * span - 1), (-1,)), device=self.device
+        )
+        shape = (*pos_key.shape[:-2], length, length, pos_key.shape[-1])
+        key_pairs, query_pairs = (
+            xp.reshape(xp.take(t, phi, axis=1), shape) for t in (pos_key, pos_query)
+        )
+        c2c = q @ xp.matrix_transpose(k)
+        c2p = xp.sum(q[..., :, None, :] * key_pairs, axis=-1)  # q_i · Kʳ[φ(i, j)]
+        p2c = xp.sum(k[..., None, :, :] * query_pairs, axis=-1)  # k_j · Qʳ[φ(i, j)]
+        return softmax((c2c + c2p + p2c) / math.sqrt(3 * q.shape[-1]), None, -1, xp) @ v
+
+
 SCHEMES = {
     cls.name: cls
     for cls in (
@@ -365,5 +610,9 @@ SCHEMES = {
         TenerEncoder,
         ComplexOrderEncoder,
         DisanEncoder,
+        T5Encoder,
+        AlibiEncoder,
+        RotaryEncoder,
+        DebertaEncoder,
     )
 }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import importlib
 import io
 import math
 import re
@@ -15,18 +14,8 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ..backends import backend_for, namespace_of_module
-from .models import SCHEMES, Config, Encoder
-
-#: Backends the demo knows, by the module a user passes as ``xp``.
-BACKENDS = {
-    "numpy": "numpy",
-    "array_api_strict": "array_api_strict",
-    "torch": "torch",
-    "jax": "jax.numpy",
-    "cupy": "cupy",
-    "dask": "dask.array",
-}
+from ..backends import Backend, backend_for, load, namespace_of_module
+from .models import SCHEMES, Config, Encoder, MemoryEncoder
 
 #: SPEC §5 tolerances, per dtype, on unit-scale data: (rtol, atol).
 TOLERANCES = {"float64": (1e-10, 1e-12), "float32": (1e-4, 1e-5)}
@@ -40,6 +29,11 @@ def zen_of_python() -> str:
 
 
 def read_text(path: str | None) -> tuple[str, str]:
+    """The text at ``path`` (UTF-8) and its name; the Zen of Python for ``None``.
+
+    Raises ``OSError`` (no such file, a directory, no permission) and
+    ``UnicodeDecodeError`` (not UTF-8) as :meth:`pathlib.Path.read_text` does.
+    """
     if path is None:
         return zen_of_python(), "the Zen of Python (CPython's `this`)"
     return Path(path).read_text(encoding="utf-8"), path
@@ -52,35 +46,104 @@ def byte_tokens(text: str) -> np.ndarray:
 def run(encoder: Encoder, tokens: np.ndarray, naive: bool = False) -> tuple[np.ndarray, list]:
     """Encode ``tokens`` segment by segment; the host output and seconds per segment."""
     backend = backend_for(encoder.xp)
-    step = backend.jit(lambda h, mems: encoder.step(h, mems, naive))
+    # ``start`` is an argument, so that a jit traces it rather than compiling each value in
+    step = backend.jit(lambda h, mems, start: encoder.step(h, mems, naive, start))
     memories: list = [None] * len(encoder.layers)
     outputs, times = [], []
     for start in range(0, len(tokens), encoder.config.segment):
         h = encoder.embed(tokens[start : start + encoder.config.segment])
         tic = time.perf_counter()
-        out, memories = step(h, memories)
+        out, memories = step(h, memories, start)
         memories = [m if m is None else backend.materialize(m) for m in memories]
         outputs.append(backend.to_host(out))
         times.append(time.perf_counter() - tic)
     return np.concatenate(outputs), times
 
 
-def default_device(name: str, lib: Any) -> Any:
-    """The accelerator where the library has one, else its CPU."""
-    if name == "torch":
-        return lib.device("cuda" if lib.cuda.is_available() else "cpu")
-    return None
+def default_device(backend: Backend) -> Any:
+    """The backend's GPU where it has one, else its CPU.
+
+    Raises ``LookupError`` with the reason when it has neither (CuPy without a
+    CUDA device).
+    """
+    try:
+        return backend.device("gpu")
+    except LookupError as no_gpu:
+        try:
+            return backend.device("cpu")
+        except LookupError:
+            raise no_gpu from None
 
 
-def available(names: list[str]) -> list[str]:
-    found = []
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def find_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The backends of ``names`` the demo can run, and why it cannot run the others.
+
+    A backend is usable when its library imports (:func:`relattn.backends.load`)
+    and :func:`default_device` finds it a device; the reasons read as
+    ``"not installed (No module named 'cupy')"`` or ``"no usable device (…)"``.
+    """
+    found, skipped = [], {}
     for name in names:
         try:
-            importlib.import_module(BACKENDS[name])
-        except ImportError:
+            _, backend = load(name)
+        except ModuleNotFoundError as e:
+            skipped[name] = f"not installed ({_one_line(e)})"
+            continue
+        except ImportError as e:
+            skipped[name] = f"cannot be imported ({_one_line(e)})"
+            continue
+        try:
+            default_device(backend)
+        except LookupError as e:
+            skipped[name] = f"no usable device ({_one_line(e)})"
             continue
         found.append(name)
-    return found
+    return found, skipped
+
+
+#: What each scheme's encoder needs of ``d_model`` and ``heads``: the heads split
+#: ``d_model`` evenly; a sinusoid over ``d_model``, or over one head, pairs sines
+#: and cosines, and RoPE rotates pairs of a head's features, so that width must be even.
+SPLITS_HEADS = ("absolute", "shaw", "xl", "tener", "complex", "t5", "alibi", "rope", "deberta")
+SINUSOID_OVER_D_MODEL = ("absolute", "xl")
+PAIRS_OVER_HEAD = ("tener", "rope")
+#: The schemes whose layers also attend to past segments (``--memory``).
+WITH_MEMORY = tuple(name for name, model in SCHEMES.items() if issubclass(model, MemoryEncoder))
+
+
+def config_problem(config: Config, schemes: list[str]) -> str | None:
+    """Why ``config`` cannot run ``schemes``, worded with the demo's flags; ``None`` if it can.
+
+    Covers the constraints between flags; each flag's own range (``--segment``
+    at least 1, ``--memory`` at least 0 …) is the command line's to check.
+    """
+    d, h = config.d_model, config.heads
+
+    def needed_by(needing: tuple[str, ...]) -> str | None:
+        names = [s for s in SCHEMES if s in schemes and s in needing]
+        return f"needed by --scheme {', '.join(names)}" if names else None
+
+    split = needed_by(SPLITS_HEADS)
+    if split and d % h:
+        return f"--d-model {d} is not a multiple of --heads {h} (equal heads, {split})"
+    over_d_model = needed_by(SINUSOID_OVER_D_MODEL)
+    if over_d_model and d % 2:
+        return (
+            f"--d-model {d} is odd; it must be even "
+            f"(sine and cosine pairs of a sinusoid over d_model, {over_d_model})"
+        )
+    over_head = needed_by(PAIRS_OVER_HEAD)
+    if over_head and (d // h) % 2:
+        return (
+            f"--d-model {d} / --heads {h} gives a head size of {d // h}; it must be even "
+            f"(pairs of features in one head: a sinusoid's sines and cosines, "
+            f"RoPE's rotated pairs; {over_head})"
+        )
+    return None
 
 
 def exceeds(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
@@ -105,7 +168,8 @@ def demo(
     segments = math.ceil(len(tokens) / config.segment)
     out(
         f"relattn demo: {config.layers}-layer encoders, d_model {config.d_model}, "
-        f"{config.heads} heads, segment {config.segment} (Transformer-XL memory {config.memory})"
+        f"{config.heads} heads, segment {config.segment}, memory {config.memory} "
+        f"({', '.join(WITH_MEMORY)})"
     )
     out(f"text: {text_name}, {len(tokens)} byte tokens, {segments} segments")
     out("")
@@ -118,9 +182,9 @@ def demo(
         model = SCHEMES[scheme]
         reference, _ = run(model(config, numpy_xp, numpy_xp.float64), tokens)
         for name in backends:
-            lib = importlib.import_module(BACKENDS[name])
+            lib, backend = load(name)
             xp = namespace_of_module(lib)
-            encoder = model(config, xp, getattr(xp, dtype), default_device(name, lib))
+            encoder = model(config, xp, getattr(xp, dtype), default_device(backend))
             run(encoder, tokens[: config.segment])  # warm up: imports, jit compilation
             result, times = run(encoder, tokens)
             naive, _ = run(encoder, tokens, naive=True)
