@@ -9,6 +9,7 @@ caller's dtype. See ``README.md`` for the conventions: relative distance
 
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
 from .biases import alibi_slopes, log_bucket_position, relative_bias, relative_position_bucket
+from .blocks import BlockState, attention_block, finish_block_state, merge_block_states
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
 from .disan import multi_dimensional_attention, source2token_attention
 from .disentangled import disentangled_attention
@@ -26,6 +27,7 @@ from .masks import (
 )
 from .memory import stop_gradient, update_memory
 from .positions import relative_distances, relative_positions, relative_table
+from .ring import ring_attention
 from .rotary import rotary_position_embedding
 from .scores import (
     additive_scores,
@@ -42,8 +44,10 @@ from .shift import rel_shift, rel_unshift
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockState",
     "additive_scores",
     "alibi_slopes",
+    "attention_block",
     "backward_mask",
     "bilinear_scores",
     "causal_mask",
@@ -54,6 +58,7 @@ __all__ = [
     "diagonal_disabled_mask",
     "disentangled_attention",
     "dot_product_scores",
+    "finish_block_state",
     "forward_mask",
     "inverse_frequencies",
     "local_p_weights",
@@ -62,6 +67,7 @@ __all__ = [
     "log_bucket_position",
     "mask_to_bias",
     "masked_softmax",
+    "merge_block_states",
     "merge_heads",
     "multi_dimensional_attention",
     "padding_mask",
@@ -75,6 +81,7 @@ __all__ = [
     "relative_positions",
     "relative_scores",
     "relative_table",
+    "ring_attention",
     "rotary_position_embedding",
     "scaled_dot_product_attention",
     "scaled_dot_product_scores",

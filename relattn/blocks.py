@@ -34,12 +34,15 @@ __all__ = [
     "BlockState",
     "Blocks",
     "Relative",
+    "attention_block",
     "block_finish",
     "block_merge",
     "block_start",
     "block_step",
     "blockwise",
     "dense_in_query_blocks",
+    "finish_block_state",
+    "merge_block_states",
     "relative_term",
     "static_blocks",
 ]
@@ -491,4 +494,343 @@ def _query_block(
         )  # fmt: skip
         v = _rows(blocks.v, j0, j1, -2)
         state = block_step(state, s, v, xp, value_table=value_slice(blocks, block, xp))
+    return block_finish(state, dtype, xp)
+
+
+# -------------------------------------------------------------------------------------------
+# The public block primitives
+# -------------------------------------------------------------------------------------------
+def attention_block(
+    q: Any,
+    k: Any,
+    v: Any,
+    position_table: Any = None,
+    *,
+    query_start: Any,
+    key_start: Any,
+    query_length: int,
+    key_length: int,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    query_position_table: Any = None,
+    value_table: Any = None,
+    relative_bias: Any = None,
+    mask: Any = None,
+    causal: bool = False,
+    scale: Any = None,
+    state: BlockState | None = None,
+) -> BlockState:
+    """One query block against one key block of a larger problem: the online softmax's step.
+
+    Parameters
+    ----------
+    q : array of shape (..., bq, d), real floating
+        The queries ``[query_start, query_start + bq)`` of a problem with
+        ``query_length`` queries.
+    k : array of shape (..., bk, d), real floating
+        The keys ``[key_start, key_start + bk)`` of ``key_length`` keys.
+    v : array of shape (..., bk, d_v), real floating
+        Their values.
+    position_table : array of shape (..., W, d), real floating, optional
+        The **whole** problem's content-to-position table ``Kʳ``
+        (Transformer-XL's projected ``R``) in its relative layout,
+        ``W = key_length`` (causal) or ``query_length + key_length - 1``
+        (full); the block reads its ``bq + bk - 1`` columns.
+    query_start, key_start : int or 0-d integer array
+        The block's first query and key; traced integers are allowed (a ring
+        step under ``jax.jit``: the table columns are then gathered).
+    query_length, key_length : int
+        ``Lq`` and ``Lk`` of the whole problem (query ``i`` sits at key
+        position ``i + Lk - Lq``).
+    content_bias, position_bias : array, real floating, optional
+        ``u`` and ``v`` of Transformer-XL, broadcastable to ``q``.
+    query_position_table : array of shape (..., W, d), real floating, optional
+        The whole problem's position-to-content table ``Qʳ`` (DeBERTa).
+    value_table : array of shape (..., W, d_v), real floating, optional
+        The whole problem's value table ``Vʳ`` (Shaw et al.).
+    relative_bias : array of shape (..., W), real floating, optional
+        The whole problem's per-distance bias (T5, ALiBi).
+    mask : array, bool, optional
+        ``True`` = may attend, broadcastable to the **block's** scores
+        ``(..., bq, bk)``.
+    causal : bool, optional
+        Mask ``δ > 0`` (implied by a causal-layout table).
+    scale : float or 0-d array, optional
+        Score scale, ``1/√d`` by default.
+    state : BlockState, optional
+        The statistics of the key blocks seen so far for these queries
+        (default: none yet).
+
+    Returns
+    -------
+    BlockState
+        ``state`` with this key block folded in: the unnormalised
+        ``accumulator (..., bq, d_v)``, the running ``peak (..., bq, 1)`` and
+        ``total (..., bq, 1)``, float32 for half-precision inputs.
+        :func:`finish_block_state` turns it into the output.
+
+    Raises
+    ------
+    ValueError
+        If shapes do not match (feature sizes, table widths for the whole
+        problem, a block outside it, a mask that does not broadcast to the
+        block), or ``d = 0`` with the default scale.
+    TypeError
+        If an input is not a real floating array, ``mask`` is not boolean, or
+        the arrays come from different libraries.
+
+    See Also
+    --------
+    merge_block_states : combine states of the same queries over other keys.
+    finish_block_state : the attention output of a state.
+    ring_attention : these blocks on a ring of devices.
+    relative_attention : the whole problem at once (its ``block_size=`` runs these steps).
+
+    Notes
+    -----
+    The online softmax of Milakov & Gimelshein 2018, as blocked by Dao et al.
+    2022 (FlashAttention), over relattn's relative terms: the block's position
+    scores are the shift of Dai et al. 2019, appendix B, on the table columns
+    ``m0 … m0 + bq + bk - 2``, ``m0 = key_start - query_start - (bq - 1) +
+    Lq - 1``. A row whose keys are all masked keeps peak ``-inf`` and a zero
+    total, and finishes as a zero row.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import attention_block, finish_block_state, merge_block_states
+    >>> q = xp.ones((2, 4)); k = xp.ones((4, 4)); v = xp.reshape(xp.arange(8.0), (4, 2))
+    >>> first = attention_block(q, k[:2, :], v[:2, :], query_start=2, key_start=0,
+    ...                         query_length=4, key_length=4)
+    >>> second = attention_block(q, k[2:, :], v[2:, :], query_start=2, key_start=2,
+    ...                          query_length=4, key_length=4)
+    >>> finish_block_state(merge_block_states(first, second))      # the mean of v's rows
+    Array([[3., 4.],
+           [3., 4.]], dtype=array_api_strict.float64)
+    """
+    from . import _checks, core
+
+    xp = _checks.namespace(
+        q=q, k=k, v=v,
+        optional={
+            "position_table": position_table, "content_bias": content_bias,
+            "position_bias": position_bias, "query_position_table": query_position_table,
+            "value_table": value_table, "relative_bias": relative_bias, "mask": mask,
+        },
+    )  # fmt: skip
+    dtype = _checks.floating(
+        xp, q=q, k=k, v=v, position_table=position_table, content_bias=content_bias,
+        position_bias=position_bias, query_position_table=query_position_table,
+        value_table=value_table, relative_bias=relative_bias,
+    )  # fmt: skip
+    bq, bk, d = core.check_qkv(q, k, v)
+    lq = _checks.length("query_length", query_length, minimum=0)
+    lk = _checks.length("key_length", key_length, minimum=0)
+    for name, start, size, total in (
+        ("query_start", query_start, bq, lq),
+        ("key_start", key_start, bk, lk),
+    ):
+        if isinstance(start, bool) or not (isinstance(start, int) or hasattr(start, "ndim")):
+            raise TypeError(f"{name} must be an integer, got {type(start).__name__}")
+        if isinstance(start, int) and not 0 <= start <= total - size:
+            raise ValueError(
+                f"{name} must place the block inside the problem, 0 <= {name} <= {total - size}, "
+                f"got {start}"
+            )
+    tables = {
+        "position_table": (position_table, d), "query_position_table": (query_position_table, d),
+        "value_table": (value_table, v.shape[-1]),
+    }  # fmt: skip
+    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
+    for name, (table, features) in tables.items():
+        if table is not None:
+            core.check_table(name, table, lq, lk, features, "d" if features == d else "d_v")
+            leads[name] = table.shape[:-2]
+    lead = _checks.broadcast(**leads)
+    if position_bias is not None and position_table is None:
+        raise ValueError("position_bias needs a position_table: it is added to q before q Rᵀ")
+    for name, b in (("content_bias", content_bias), ("position_bias", position_bias)):
+        if b is not None:
+            _checks.broadcastable(name, b.shape, tuple(q.shape), "q")
+    scale, causal, _ = core.check_options(
+        xp, (*lead, bq, bk), d, mask=mask, bias=None, relative_bias=None, causal=causal,
+        scale=scale, block_size=None,
+    )  # fmt: skip
+    core.check_relative_bias(relative_bias, lq, lk, (*lead, bq, bk))
+    q, k, v, table, u, p_bias, q_table, value_table, relative_bias = (
+        _checks.cast(xp, a, dtype)
+        for a in (
+            q, k, v, position_table, content_bias, position_bias, query_position_table,
+            value_table, relative_bias,
+        )
+    )  # fmt: skip
+    blocks = problem(
+        q, k, v, xp, scale=scale, lq=lq, lk=lk, content_bias=u, position_bias=p_bias,
+        key_table=table, query_table=q_table, value_table=value_table,
+        relative_bias=relative_bias, causal=causal,
+    )  # fmt: skip
+    block = (query_start, bq, key_start, bk)
+    if state is None:
+        state = block_start(
+            (*lead, bq, v.shape[-1]), accumulator_dtype(dtype, xp), array_api_compat.device(q), xp
+        )
+    else:
+        _check_state(state, (*lead, bq, v.shape[-1]), xp)
+    s = pair_scores(blocks, blocks.q, k, blocks.qp, blocks.ks, block, xp, mask=mask)
+    return block_step(state, s, v, xp, value_table=value_slice(blocks, block, xp))
+
+
+def problem(
+    q: Any,
+    k: Any,
+    v: Any,
+    xp: Any,
+    *,
+    scale: Any,
+    lq: int,
+    lk: int,
+    content_bias: Any = None,
+    position_bias: Any = None,
+    key_table: Any = None,
+    query_table: Any = None,
+    value_table: Any = None,
+    relative_bias: Any = None,
+    bias: Any = None,
+    mask: Any = None,
+    causal: bool = False,
+) -> Blocks:
+    """The :class:`Blocks` of checked, cast inputs: scaled content and position queries.
+
+    ``lq``, ``lk`` are the whole problem's lengths (``q`` and ``k`` may be one
+    block of it). A table or ``relative_bias`` of width ``lk`` (the causal
+    layout, where it differs from ``lq + lk - 1``) implies ``causal``.
+    """
+    full = lq + lk - 1
+    widths = [t.shape[-2] for t in (key_table, query_table, value_table) if t is not None]
+    if relative_bias is not None:
+        widths.append(relative_bias.shape[-1])
+    rel = Relative(lq, lk, causal or any(w != full for w in widths), key_table, query_table,
+                   relative_bias)  # fmt: skip
+    content = (q if content_bias is None else q + content_bias) * scale
+    qp = None
+    if key_table is not None:
+        qp = (q if position_bias is None else q + position_bias) * scale
+    ks = k * scale if query_table is not None else None
+    return Blocks(content, k, v, rel, qp, ks, value_table, bias, mask)
+
+
+def _check_state(state: Any, shape: tuple[int, ...], xp: Any) -> None:
+    if not isinstance(state, BlockState):
+        raise TypeError(f"state must be a BlockState, got {type(state).__name__}")
+    if tuple(state.accumulator.shape) != shape:
+        raise ValueError(
+            f"state must hold these queries' statistics, accumulator of shape {shape}, "
+            f"got {tuple(state.accumulator.shape)}"
+        )
+
+
+def merge_block_states(a: BlockState, b: BlockState) -> BlockState:
+    """Combine the statistics of the same queries over two disjoint sets of keys.
+
+    Parameters
+    ----------
+    a, b : BlockState
+        States of :func:`attention_block` for the same queries (equal shapes).
+
+    Returns
+    -------
+    BlockState
+        The state over both key sets: ``peak = max(peak_a, peak_b)``, the
+        accumulators and totals rescaled to it and added. Rows that no key of
+        either set reaches stay at zero.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a BlockState, or the states come from different
+        libraries.
+    ValueError
+        If the shapes differ.
+
+    See Also
+    --------
+    attention_block : the state of one block pair.
+    finish_block_state : the output of a state.
+
+    Notes
+    -----
+    Milakov & Gimelshein 2018, the merge of two partial softmax
+    normalisations; Liu et al. 2023 combine ring steps with it.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import attention_block, finish_block_state, merge_block_states
+    >>> q = k = xp.ones((1, 2)); v1, v2 = xp.asarray([[0.0]]), xp.asarray([[2.0]])
+    >>> a = attention_block(q, k, v1, query_start=0, key_start=0, query_length=1, key_length=2)
+    >>> b = attention_block(q, k, v2, query_start=0, key_start=1, query_length=1, key_length=2)
+    >>> finish_block_state(merge_block_states(a, b))
+    Array([[1.]], dtype=array_api_strict.float64)
+    """
+    from . import _checks
+
+    for name, s in (("a", a), ("b", b)):
+        if not isinstance(s, BlockState):
+            raise TypeError(f"{name} must be a BlockState, got {type(s).__name__}")
+    xp = _checks.namespace(a=a.accumulator, b=b.accumulator)
+    if tuple(a.accumulator.shape) != tuple(b.accumulator.shape):
+        raise ValueError(
+            "a and b must hold the same queries' statistics, got accumulators of shapes "
+            f"{tuple(a.accumulator.shape)} and {tuple(b.accumulator.shape)}"
+        )
+    return block_merge(a, b, xp)
+
+
+def finish_block_state(state: BlockState, *, dtype: Any = None) -> Any:
+    """The attention output ``accumulator / total`` of a state; rows with no key are 0.
+
+    Parameters
+    ----------
+    state : BlockState
+        The statistics of every key block for these queries.
+    dtype : dtype, optional
+        Real floating dtype of the result (default: the accumulator's; pass the
+        inputs' half-precision dtype to cast back).
+
+    Returns
+    -------
+    array of shape (..., bq, d_v)
+        ``softmax(scores) (v + Vʳ)`` over every key folded into ``state``;
+        exactly 0 for rows whose keys were all masked, never NaN.
+
+    Raises
+    ------
+    TypeError
+        If ``state`` is not a BlockState or ``dtype`` not a real floating
+        dtype of its library.
+
+    See Also
+    --------
+    attention_block, merge_block_states
+
+    Notes
+    -----
+    Dao et al. 2022, algorithm 1, line 12.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import attention_block, finish_block_state
+    >>> q = k = xp.ones((1, 2)); v = xp.asarray([[5.0]])
+    >>> state = attention_block(q, k, v, query_start=0, key_start=0, query_length=1,
+    ...                         key_length=1, mask=xp.asarray([[False]]))
+    >>> finish_block_state(state)                     # a fully masked row
+    Array([[0.]], dtype=array_api_strict.float64)
+    """
+    from . import _checks
+
+    if not isinstance(state, BlockState):
+        raise TypeError(f"state must be a BlockState, got {type(state).__name__}")
+    xp = _checks.namespace(accumulator=state.accumulator)
+    dtype = state.accumulator.dtype if dtype is None else _checks.dtype("dtype", dtype, xp)
     return block_finish(state, dtype, xp)

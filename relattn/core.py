@@ -32,7 +32,7 @@ import array_api_compat
 
 from . import _checks
 from .backends import backend_for
-from .blocks import Blocks, Relative, blockwise, dense_in_query_blocks, relative_term
+from .blocks import Blocks, Relative, blockwise, dense_in_query_blocks, problem, relative_term
 from .shift import unshift
 
 __all__ = ["attend", "attend_generic", "attention", "softmax"]
@@ -103,9 +103,11 @@ def scores(q: Any, k: Any, bias: Any, scale: Any, xp: Any) -> Any:
     One expression, so that libraries that reuse temporaries (NumPy) add the
     bias in the product's buffer.
     """
+    if not (isinstance(scale, float) and scale == 1.0):
+        q = q * scale
     if bias is None:
-        return (q * scale) @ xp.matrix_transpose(k)
-    return (q * scale) @ xp.matrix_transpose(k) + bias
+        return q @ xp.matrix_transpose(k)
+    return q @ xp.matrix_transpose(k) + bias
 
 
 # -------------------------------------------------------------------------------------------
@@ -223,39 +225,29 @@ def attention(
     (a causal layout implies ``causal``); ``value_table (..., W, d_v)`` likewise.
     """
     lq, lk = q.shape[-2], k.shape[-2]
-    full = lq + lk - 1
-    layouts = [t.shape[-2] for t in (key_table, query_table, value_table) if t is not None]
-    if relative_bias is not None:
-        layouts.append(relative_bias.shape[-1])
-    causal = causal or any(w != full for w in layouts)
-    rel = Relative(lq, lk, causal, key_table, query_table, relative_bias)
-    q_content = q if content_bias is None else q + content_bias
-    qp = None
-    if key_table is not None:
-        qp = (q if position_bias is None else q + position_bias) * scale
-    ks = k * scale if query_table is not None else None
-
+    blocks = problem(
+        q, k, v, xp, scale=scale, lq=lq, lk=lk, content_bias=content_bias,
+        position_bias=position_bias, key_table=key_table, query_table=query_table,
+        value_table=value_table, relative_bias=relative_bias, bias=bias, mask=mask,
+        causal=causal,
+    )  # fmt: skip
     dtype = xp.result_type(q, v)
     if block_size is None:
         block_size = automatic_block_size(q, k, v, xp)
     # Empty axes take the whole-array path, which gives SPEC §1's empty or zero result.
     nonempty = lq > 0 and lk > 0
     if block_size is not None and nonempty:
-        blocks = Blocks(q_content * scale, k, v, rel, qp, ks, value_table, bias, mask)
         return blockwise(blocks, xp, block_size=block_size, dtype=dtype)
-
-    kernel = fused_kernel(q_content, k, v, xp) if value_table is None else None
+    # ``blocks.q`` is already scaled: the kernel and the scores below scale by 1.
+    kernel = fused_kernel(blocks.q, k, v, xp) if value_table is None else None
     if kernel is not None:
         # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
-        mask = _causal(rel, mask, q, xp)
-        return kernel(bias=_position(rel, qp, ks, bias, xp), mask=mask, scale=scale)
+        mask = _causal(blocks.rel, mask, q, xp)
+        return kernel(bias=_position(blocks, xp), mask=mask, scale=1.0)
     if backend_for(xp).query_chunks and nonempty:
-        blocks = Blocks(q_content * scale, k, v, rel, qp, ks, value_table, bias, mask)
         return dense_in_query_blocks(blocks, xp, dtype=dtype)
-    mask = _causal(rel, mask, q, xp)
-    weights = softmax(
-        scores(q_content, k, _position(rel, qp, ks, bias, xp), scale, xp), mask, -1, xp
-    )
+    mask = _causal(blocks.rel, mask, q, xp)
+    weights = softmax(scores(blocks.q, k, _position(blocks, xp), 1.0, xp), mask, -1, xp)
     if value_table is None:
         return weights @ v
     return weights @ v + value_term(weights, value_table, xp)
@@ -276,12 +268,13 @@ def _causal(rel: Relative, mask: Any, q: Any, xp: Any) -> Any:
     return blocked if mask is None else mask & blocked
 
 
-def _position(rel: Relative, qp: Any, ks: Any, bias: Any, xp: Any) -> Any:
-    """The dense relative term plus ``bias`` (either may be absent: ``None``)."""
-    position = relative_term(rel, qp, ks, (0, rel.lq, 0, rel.lk), xp)
-    if bias is None:
+def _position(blocks: Blocks, xp: Any) -> Any:
+    """The whole problem's relative term plus its ``bias`` (either may be absent: ``None``)."""
+    rel = blocks.rel
+    position = relative_term(rel, blocks.qp, blocks.ks, (0, rel.lq, 0, rel.lk), xp)
+    if blocks.bias is None:
         return position
-    return bias if position is None else position + bias
+    return blocks.bias if position is None else position + blocks.bias
 
 
 #: Default memory budget of one ``(..., Lq, Lk)`` score array: beyond it, blockwise.

@@ -27,14 +27,26 @@ __all__ = [
 ]
 
 
-def causal_mask(query_length: int, key_length: int, *, xp: Any = None, device: Any = None) -> Any:
+def causal_mask(
+    query_length: int,
+    key_length: int,
+    *,
+    query_start: Any = 0,
+    key_start: Any = 0,
+    offset: Any = None,
+    xp: Any = None,
+    device: Any = None,
+) -> Any:
     """Sequence mask: each query sees the keys at or before its own position.
 
     Parameters
     ----------
     query_length, key_length : int
-        ``Lq`` and ``Lk >= 1``; with ``Lk > Lq`` the first ``Lk - Lq`` keys are
+        ``Lq`` and ``Lk >= 0``; with ``Lk > Lq`` the first ``Lk - Lq`` keys are
         memory, visible to every query.
+    query_start, key_start, offset : int or 0-d integer array, optional
+        A block of a larger problem, as in :func:`relative_positions`
+        (traced integers are allowed under a jit).
     xp : module, optional
         Array library of the result (default NumPy).
     device : device, optional
@@ -48,9 +60,14 @@ def causal_mask(query_length: int, key_length: int, *, xp: Any = None, device: A
     Raises
     ------
     ValueError
-        If a length is below 1.
+        If a length or start is negative.
     TypeError
-        If a length is not an integer.
+        If a length or start is not an integer.
+
+    See Also
+    --------
+    relative_positions : the distances ``δ(i, j)``.
+    padding_mask : keys beyond each sequence's length.
 
     Notes
     -----
@@ -65,8 +82,15 @@ def causal_mask(query_length: int, key_length: int, *, xp: Any = None, device: A
     >>> causal_mask(2, 3, xp=xp)
     Array([[ True,  True, False],
            [ True,  True,  True]], dtype=array_api_strict.bool)
+    >>> causal_mask(2, 2, query_start=0, key_start=2, offset=0, xp=xp)   # a block above it
+    Array([[False, False],
+           [False, False]], dtype=array_api_strict.bool)
     """
-    return relative_positions(query_length, key_length, xp=xp, device=device) <= 0
+    delta = relative_positions(
+        query_length, key_length, query_start=query_start, key_start=key_start, offset=offset,
+        xp=xp, device=device,
+    )  # fmt: skip
+    return delta <= 0
 
 
 def local_window_mask(

@@ -27,24 +27,61 @@ def relative_width(query_length: int, key_length: int, *, causal: bool = False) 
     return key_length if causal else query_length + key_length - 1
 
 
+def _start(name: str, value: Any) -> Any:
+    """A block's start: a Python integer, or a traced/0-d integer array (under a jit)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    if array_api_compat.is_array_api_obj(value) and not isinstance(value, int):
+        if getattr(value, "ndim", None) != 0:
+            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
+        return value
+    return _checks.length(name, value, minimum=0)
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+
+def _offsets(
+    query_length: int, key_length: int, query_start: Any, key_start: Any, offset: Any
+) -> tuple[Any, Any, Any]:
+    """Checked ``(query_start, key_start, offset)``; ``offset`` defaults to ``Lk - Lq``."""
+    query_start = _start("query_start", query_start)
+    key_start = _start("key_start", key_start)
+    if offset is None:
+        offset = key_length - query_length
+    elif isinstance(offset, bool) or not isinstance(offset, int):
+        offset = _start("offset", offset)
+    return query_start, key_start, offset
+
+
 def relative_distances(
     query_length: int,
     key_length: int,
     *,
     causal: bool = False,
+    query_start: Any = 0,
+    key_start: Any = 0,
+    offset: Any = None,
     xp: Any = None,
     device: Any = None,
 ) -> Any:
-    """The distance ``δ`` held by each column of the relative layout.
+    """The distance ``δ`` held by each column of the relative layout (of a problem or a block).
 
     Parameters
     ----------
     query_length, key_length : int
-        ``Lq`` and ``Lk``, both ``>= 1``. With ``Lk > Lq`` the first
+        ``Lq`` and ``Lk``, both ``>= 0``. With ``Lk > Lq`` the first
         ``Lk - Lq`` keys are memory preceding the queries.
     causal : bool, optional
         Keep only ``δ <= 0`` (the causal layout, width ``Lk``). Default: the
-        full layout, width ``Lq + Lk - 1``.
+        full layout, width ``Lq + Lk - 1``. Not with a block's starts.
+    query_start, key_start : int or 0-d integer array, optional
+        Position of the first query and of the first key of a block of a
+        larger problem (default 0; traced integers are allowed under a jit).
+    offset : int or 0-d integer array, optional
+        The larger problem's alignment ``Lk_total - Lq_total`` (query ``i``
+        sits at key position ``i + offset``); default ``Lk - Lq``.
     xp : module, optional
         Array library of the result (default NumPy).
     device : device, optional
@@ -54,19 +91,30 @@ def relative_distances(
     -------
     array of shape (W,), default integer dtype
         ``-(Lk - 1), …, Lq - 1`` (full) or ``-(Lk - 1), …, 0`` (causal),
-        ascending. Unit: token positions, key minus query.
+        ascending. Unit: token positions, key minus query. For a block: the
+        ``Lq + Lk - 1`` distances from ``key_start - (query_start + Lq - 1 +
+        offset)`` on, the columns of the larger problem's relative layout that
+        the block's pairs use.
 
     Raises
     ------
     ValueError
-        If a length is below 1.
+        If a length or start is negative, or ``causal`` comes with starts.
     TypeError
-        If a length is not an integer.
+        If a length or start is not an integer, or ``causal`` is not a bool.
+
+    See Also
+    --------
+    relative_positions : the distance of every query–key pair.
+    relative_table : a clipped table expanded over these distances.
 
     Notes
     -----
-    The ``2T - 1`` distances of a length-``T`` self-attention (seed note 001,
-    eq. 8); Transformer-XL (Dai et al. 2019, appendix B) encodes ``-δ``.
+    The ``2T - 1`` distances of a length-``T`` self-attention (Shaw et al.
+    2018, section 3; Dai et al. 2019, appendix B); Transformer-XL encodes
+    ``-δ``. A block of queries ``[i0, i0 + bq)`` and keys ``[j0, j0 + bk)``
+    uses ``bq + bk - 1`` contiguous columns of its problem's layout (Dao et al.
+    2022's blocks, in relattn's relative layout).
 
     Examples
     --------
@@ -76,23 +124,45 @@ def relative_distances(
     Array([-2, -1,  0,  1], dtype=array_api_strict.int64)
     >>> relative_distances(2, 3, causal=True, xp=xp)
     Array([-2, -1,  0], dtype=array_api_strict.int64)
+    >>> relative_distances(2, 2, query_start=4, key_start=0, offset=0, xp=xp)   # a block
+    Array([-5, -4, -3], dtype=array_api_strict.int64)
     """
     xp = _checks.creation_namespace(xp)
     lq = _checks.length("query_length", query_length, minimum=0)
     lk = _checks.length("key_length", key_length, minimum=0)
-    stop = 1 if _checks.flag("causal", causal) else lq
-    return xp.arange(-(lk - 1), stop, device=device)
+    if _checks.flag("causal", causal):
+        if not (_is_zero(query_start) and _is_zero(key_start) and offset is None):
+            raise ValueError(
+                "causal=True gives a whole problem's causal layout: it takes no starts"
+            )
+        return xp.arange(-(lk - 1), 1, device=device)
+    query_start, key_start, offset = _offsets(lq, lk, query_start, key_start, offset)
+    smallest = key_start - (query_start + lq - 1 + offset)
+    return xp.arange(max(lq + lk - 1, 0), device=device) + smallest
 
 
 def relative_positions(
-    query_length: int, key_length: int, *, xp: Any = None, device: Any = None
+    query_length: int,
+    key_length: int,
+    *,
+    query_start: Any = 0,
+    key_start: Any = 0,
+    offset: Any = None,
+    xp: Any = None,
+    device: Any = None,
 ) -> Any:
     """Relative distance ``δ(i, j) = j - (i + Lk - Lq)`` of every query–key pair.
 
     Parameters
     ----------
     query_length, key_length : int
-        ``Lq`` and ``Lk``, both ``>= 1``.
+        ``Lq`` and ``Lk``, both ``>= 0``.
+    query_start, key_start : int or 0-d integer array, optional
+        Position of the first query and of the first key of a block of a
+        larger problem (default 0; traced integers are allowed under a jit).
+    offset : int or 0-d integer array, optional
+        The larger problem's alignment ``Lk_total - Lq_total``; default
+        ``Lk - Lq``.
     xp : module, optional
         Array library of the result (default NumPy).
     device : device, optional
@@ -101,14 +171,20 @@ def relative_positions(
     Returns
     -------
     array of shape (Lq, Lk), default integer dtype
-        Entry ``[i, j]`` is key position minus query position.
+        Entry ``[i, j]`` is key position minus query position:
+        ``(key_start + j) - (query_start + i + offset)``.
 
     Raises
     ------
     ValueError
-        If a length is below 1.
+        If a length or start is negative.
     TypeError
-        If a length is not an integer.
+        If a length or start is not an integer.
+
+    See Also
+    --------
+    relative_distances : one distance per column of the relative layout.
+    causal_mask : ``δ <= 0``.
 
     Notes
     -----
@@ -123,12 +199,16 @@ def relative_positions(
     >>> relative_positions(2, 3, xp=xp)
     Array([[-1,  0,  1],
            [-2, -1,  0]], dtype=array_api_strict.int64)
+    >>> relative_positions(2, 2, query_start=2, key_start=0, offset=0, xp=xp)   # a block
+    Array([[-2, -1],
+           [-3, -2]], dtype=array_api_strict.int64)
     """
     xp = _checks.creation_namespace(xp)
     lq = _checks.length("query_length", query_length, minimum=0)
     lk = _checks.length("key_length", key_length, minimum=0)
-    keys = xp.arange(lk, device=device)
-    queries = xp.arange(lk - lq, lk, device=device)
+    query_start, key_start, offset = _offsets(lq, lk, query_start, key_start, offset)
+    keys = xp.arange(lk, device=device) + key_start
+    queries = xp.arange(lq, device=device) + (query_start + offset)
     return keys[None, :] - queries[:, None]
 
 

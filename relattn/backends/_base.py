@@ -110,6 +110,12 @@ class Backend:
         library's own traced loops (JAX: ``lax.map`` over query blocks,
         ``lax.fori_loop`` over key blocks), or ``None`` for relattn's Python
         loop over static blocks.
+    ring_attention : object or None
+        Sequence parallelism for :func:`relattn.ring_attention`: an object with
+        ``axis_size(axis_name)`` and ``attend(q, k, v, xp, *, axis_name, scale,
+        mask, causal, **terms)`` running the ring with the library's own
+        collective (JAX: ``lax.ppermute`` inside ``shard_map``); ``None`` where
+        the library has none.
     fused_attention : callable or None
         ``(q, k, v) -> kernel or None``: the library's own attention kernel for
         these inputs, where it takes them and is worth using;
@@ -135,5 +141,6 @@ class Backend:
     query_chunks: bool = True
     checkpoint: Callable[..., Any] = _call
     blockwise: Callable[..., Any] | None = None
+    ring_attention: Any = None
     fused_attention: Callable[..., Any] | None = None
     peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None

@@ -203,6 +203,91 @@ def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
     return out[..., :lq, :]
 
 
+def _varying(x: Any, axis_name: Any) -> Any:
+    """``x`` typed as varying over ``axis_name`` inside ``shard_map`` (``None`` stays ``None``)."""
+    import jax
+    from jax import lax
+
+    if x is None:
+        return x
+    aval = jax.typeof(x)
+    varying = aval.vma if hasattr(aval, "vma") else aval.mat.varying  # JAX < 0.10 / >= 0.10
+    if axis_name in varying:
+        return x
+    return lax.pcast(x, (axis_name,), to="varying")
+
+
+class _Ring:
+    """relattn's ring attention on a JAX mesh axis (:func:`relattn.ring_attention`)."""
+
+    @staticmethod
+    def axis_size(axis_name: Any) -> int:
+        from jax import lax
+
+        try:
+            return int(lax.axis_size(axis_name))
+        except NameError as e:
+            raise ValueError(
+                f"axis_name must name a mesh axis of the enclosing jax.shard_map, got "
+                f"{axis_name!r} ({e})"
+            ) from None
+
+    @staticmethod
+    def attend(
+        q: Any, k: Any, v: Any, xp: Any, *, axis_name: Any, scale: Any, mask: Any, causal: bool,
+        **terms: Any,
+    ) -> Any:  # fmt: skip
+        """``n`` steps: fold the key block at hand, pass it on to the next device."""
+        from jax import lax
+
+        from .. import blocks as blk
+
+        n = _Ring.axis_size(axis_name)
+        bq, bk = q.shape[-2], k.shape[-2]
+        # Every operand varies over the ring's axis: replicated tables and masks are cast
+        # to varying here, once, so that their cotangents are summed over the devices
+        # here too (a psum), and not inside a lax.cond branch that some devices skip.
+        terms = {name: _varying(x, axis_name) for name, x in terms.items()}
+        mask = _varying(mask, axis_name)
+        problem = blk.problem(
+            q, k, v, xp, scale=scale, lq=n * bq, lk=n * bk, causal=causal, **terms
+        )
+        rel = problem.rel
+        me = lax.axis_index(axis_name)
+        i0 = me * bq
+        offset = rel.lk - rel.lq
+        work = blk.accumulator_dtype(xp.result_type(q, v), xp)
+        state = blk.block_start((*problem.lead, bq, v.shape[-1]), work, None, xp)
+        # shard_map types each value by the mesh axes it varies over: the state varies like
+        # the blocks folded into it (both branches of the cond below must agree).
+        state = blk.BlockState(*(_varying(x, axis_name) for x in state))
+        ring = [(j, (j + 1) % n) for j in range(n)]
+        mask = _slice_axis(mask, i0, bq, -2) if _has_rows(mask) else mask
+        keys, values, scaled_keys = k, v, problem.ks
+        for step in range(n):
+            j0 = ((me - step) % n) * bk  # the block at hand started on device me - step
+            block = (i0, bq, j0, bk)
+
+            def fold(state: Any, keys=keys, values=values, scaled_keys=scaled_keys, block=block):
+                s = blk.pair_scores(
+                    problem, problem.q, keys, problem.qp, scaled_keys, block, xp,
+                    mask=_slice_axis(mask, block[2], bk, -1),
+                )  # fmt: skip
+                table = blk.value_slice(problem, block, xp)
+                return blk.block_step(state, s, values, xp, value_table=table)
+
+            if rel.causal:
+                visible = j0 <= i0 + bq - 1 + offset
+                state = lax.cond(visible, fold, lambda state: state, state)
+            else:
+                state = fold(state)
+            if step < n - 1:
+                keys, values = lax.ppermute((keys, values), axis_name, ring)
+                if scaled_keys is not None:
+                    scaled_keys = lax.ppermute(scaled_keys, axis_name, ring)
+        return blk.block_finish(state, xp.result_type(q, v), xp)
+
+
 def _has_rows(x: Any) -> bool:
     return x is not None and x.ndim >= 2 and x.shape[-2] != 1
 
@@ -255,6 +340,7 @@ BACKEND = Backend(
     query_chunks=False,
     checkpoint=_checkpoint,
     blockwise=blockwise,
+    ring_attention=_Ring,
     fused_attention=_fused_attention,
     peak_device_bytes=_peak_device_bytes,
 )
