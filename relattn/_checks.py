@@ -33,9 +33,11 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     Every keyword argument is a required array; ``optional`` holds the
     arguments that may be ``None`` (skipped when they are). Raises
     ``TypeError`` naming an argument that is not an array (``None``, a list, a
-    scalar), or the arguments whose libraries differ. The namespace of each
-    array type is looked up once and cached: small calls are dominated by this
-    look-up.
+    scalar), or the arguments whose libraries differ, except NumPy arrays
+    beside JAX or Dask ones, which those libraries accept themselves: the
+    namespace is then JAX's or Dask's, and :func:`cast` converts the NumPy
+    operands. The namespace of each array type is looked up once and cached:
+    small calls are dominated by this look-up.
     """
     if optional:
         arrays.update((name, a) for name, a in optional.items() if a is not None)
@@ -49,6 +51,11 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     try:
         xp = array_api_compat.array_namespace(*arrays.values())
     except TypeError:
+        # JAX and Dask take NumPy operands themselves: so does relattn, converting them
+        # (see ``cast``) to the library of the other inputs.
+        others = [a for a in arrays.values() if _library(a) != "numpy"]
+        if {_library(a) for a in others} in ({"jax"}, {"jaxlib"}, {"jax", "jaxlib"}, {"dask"}):
+            return array_api_compat.array_namespace(*others)
         found_names = ", ".join(f"{name} is a {_library(a)} array" for name, a in arrays.items())
         raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
     types = {type(a) for a in arrays.values()}
@@ -193,8 +200,16 @@ def _result_type(xp: ModuleType, *dtypes: Any) -> Any:
 
 
 def cast(xp: ModuleType, x: Any, dtype: Any) -> Any:
-    """``x`` as ``dtype``, without a copy when it already is."""
-    return x if x is None or x.dtype == dtype else xp.astype(x, dtype)
+    """``x`` as ``dtype`` of namespace ``xp``, without a copy when it already is.
+
+    A NumPy operand of a JAX or Dask call (see :func:`namespace`) becomes an
+    array of that library here.
+    """
+    if x is None:
+        return x
+    if isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp):
+        return xp.asarray(x, dtype=dtype)
+    return x if x.dtype == dtype else xp.astype(x, dtype)
 
 
 def boolean(name: str, x: Any, xp: ModuleType) -> None:

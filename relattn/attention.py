@@ -65,7 +65,7 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
         raise ValueError("scores must have at least one dimension, got a 0-d array")
     axis = _checks.axis("axis", axis, scores.ndim)
     core.check_mask(mask, tuple(scores.shape), xp)
-    return core.softmax(scores, mask, axis, xp)
+    return core.softmax(_checks.cast(xp, scores, scores.dtype), mask, axis, xp)
 
 
 def scaled_dot_product_attention(

@@ -182,8 +182,14 @@ def relative_position_bucket(
     # logarithm (XLA's vectorised log is not correctly rounded, and a bucket boundary
     # that falls on a whole number would come out one bucket low).
     thresholds = xp.asarray(_t5_thresholds(n, exact, max_distance), dtype=integer, device=device)
-    buckets = exact + xp.astype(xp.searchsorted(thresholds, a, side="right"), integer)
+    buckets = exact + _count_below(thresholds, a, "right", integer, xp)
     return xp.asarray(offset + xp.where(a < exact, a, buckets))
+
+
+def _count_below(thresholds: Any, x: Any, side: str, dtype: Any, xp: Any) -> Any:
+    """``searchsorted(thresholds, x, side)`` for ``x`` of any shape (Dask wants it 1-D)."""
+    found = xp.searchsorted(thresholds, xp.reshape(x, (-1,)), side=side)
+    return xp.reshape(xp.astype(found, dtype), x.shape)
 
 
 def _t5_thresholds(n: int, exact: int, max_distance: int) -> list[int]:
@@ -281,7 +287,7 @@ def log_bucket_position(distances: Any, *, bucket_size: int, max_position: int) 
     thresholds = xp.asarray(
         _log_thresholds(mid, max_position, largest), dtype=integer, device=device
     )
-    log_position = mid + xp.astype(xp.searchsorted(thresholds, magnitude, side="left"), integer)
+    log_position = mid + _count_below(thresholds, magnitude, "left", integer, xp)
     signed = xp.where(r < 0, -log_position, log_position)
     return xp.asarray(xp.where(magnitude <= mid, r, signed))
 

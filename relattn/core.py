@@ -235,7 +235,7 @@ def attention(
     if block_size is None:
         block_size = automatic_block_size(q, k, v, xp)
     # Empty axes take the whole-array path, which gives SPEC §1's empty or zero result.
-    nonempty = lq > 0 and lk > 0
+    nonempty = all(n > 0 for n in (*q.shape, *k.shape, *v.shape))
     if block_size is not None and nonempty:
         return blockwise(blocks, xp, block_size=block_size, dtype=dtype)
     # ``blocks.q`` is already scaled: the kernel and the scores below scale by 1.

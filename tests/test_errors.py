@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import array_api_compat
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -677,6 +678,13 @@ def test_mixed_libraries_raise_type_error(first, second, call, name_a, name_b):
     def maker(module):
         return lambda *shape: _lib_array(module, rng.normal(size=shape))
 
+    if {first, second} in ({"numpy", "jax.numpy"}, {"numpy", "dask.array"}):
+        # JAX and Dask take NumPy operands themselves, and so does relattn (issue 12).
+        other = first if first != "numpy" else second
+        out = call(maker(first), maker(second))
+        assert type(out).__module__.partition(".")[0] in ({"jax", "jaxlib"} if "jax" in other
+                                                          else {"dask"})  # fmt: skip
+        return
     with pytest.raises(TypeError, match=r"different libraries") as info:
         call(maker(first), maker(second))
     message = str(info.value)
@@ -1098,6 +1106,45 @@ SIGNATURES: dict[str, Signature] = {
     ),
 }
 
+SIGNATURES["attention_block"] = Signature(
+    lambda a: (
+        relattn.attention_block(
+            a["q"],
+            a["k"],
+            a["v"],
+            a["position_table"],
+            query_start=1,
+            key_start=2,
+            query_length=5,
+            key_length=7,
+            content_bias=a.get("content_bias"),
+            position_bias=a.get("position_bias"),
+            value_table=a.get("value_table"),
+            relative_bias=a.get("relative_bias"),
+            mask=a.get("mask"),
+        ).accumulator
+    ),
+    {
+        "q": ((2, 3, 4), "f"),
+        "k": ((2, 5, 4), "f"),
+        "v": ((2, 5, 2), "f"),
+        "position_table": ((11, 4), "f"),
+    },
+    {
+        "content_bias": ((4,), "f"),
+        "position_bias": ((4,), "f"),
+        "value_table": ((11, 2), "f"),
+        "relative_bias": ((11,), "f"),
+        "mask": ((3, 5), "b"),
+    },
+    nullable=("position_table",),
+    zero_d_ok=("mask", "content_bias", "position_bias"),
+)
+
+#: Public names that take a BlockState (tested below) or run only inside jax.shard_map
+#: (tests/test_devices.py), or are a type.
+OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attention"}
+
 #: Public functions without array arguments: they take ``xp=`` (see CREATION above).
 NO_ARRAYS = {
     "alibi_slopes",
@@ -1154,9 +1201,9 @@ def _cases(select: Callable[[str, Signature], list]) -> list:
 
 def test_every_public_function_is_covered():
     """A new public function needs a row in SIGNATURES (or NO_ARRAYS and CREATION)."""
-    missing = set(relattn.__all__) - set(SIGNATURES) - NO_ARRAYS
+    missing = set(relattn.__all__) - set(SIGNATURES) - NO_ARRAYS - OTHER
     assert not missing, f"add these to SIGNATURES in tests/test_errors.py: {sorted(missing)}"
-    assert set(SIGNATURES) | NO_ARRAYS <= set(relattn.__all__)
+    assert set(SIGNATURES) | NO_ARRAYS | OTHER <= set(relattn.__all__)
     assert NO_ARRAYS - {"alibi_slopes", "inverse_frequencies"} <= set(CREATION)
 
 
@@ -1245,7 +1292,8 @@ def test_zero_dimensional_array_is_rejected_naming_the_argument(backend, name, a
 
 
 def _other_library(b: Any) -> str:
-    return "torch" if b.module == "numpy" else "numpy"
+    """A library whose arrays cannot join ``b``'s (JAX and Dask take NumPy's, not torch's)."""
+    return "torch" if b.module in ("numpy", "jax.numpy", "dask.array") else "numpy"
 
 
 @pytest.mark.parametrize(
@@ -1263,6 +1311,40 @@ def test_mixed_libraries_name_the_argument(backend, name, arg):
     arrays[arg] = module.asarray(host)
     with pytest.raises(TypeError, match=rf"different libraries.*{arg} is a {other}"):
         sig.call(arrays)
+
+
+@pytest.mark.parametrize(
+    ("name", "arg"),
+    _cases(lambda name, sig: [(arg,) for arg in (*sig.required, *sig.optional)]),
+)
+@pytest.mark.parametrize("library", ["jax.numpy", "dask.array"])
+def test_numpy_operands_join_jax_and_dask(library, name, arg):
+    """JAX and Dask accept NumPy operands themselves: relattn converts them (SPEC §1)."""
+    import relattn.backends as backends
+
+    sig = SIGNATURES[name]
+    if len(sig.required) + (arg in sig.optional) < 2:
+        pytest.skip("a single array cannot mix libraries")
+    pytest.importorskip(library)
+    _, record = backends.load({"jax.numpy": "jax", "dask.array": "dask"}[library])
+    optional = (arg,) if arg in sig.optional else ()
+    numpy_arrays = _arrays(_NumpyTarget(), sig, optional=optional)
+    arrays = {n: record.from_host(a) for n, a in numpy_arrays.items()}
+    arrays[arg] = numpy_arrays[arg]
+    out = sig.call(arrays)
+    assert array_api_compat.array_namespace(out) is array_api_compat.array_namespace(
+        record.from_host(np.zeros(1))
+    )
+    want = sig.call(numpy_arrays)
+    np.testing.assert_allclose(record.to_host(out), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+class _NumpyTarget:
+    """The minimum of a test target that ``_make`` needs, for NumPy arrays."""
+
+    @staticmethod
+    def asarray(a: Any, dtype: str) -> Any:
+        return np.asarray(a, dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -1438,3 +1520,76 @@ def test_fuzz_bad_input_is_a_clean_error(backend, data):
     host = backend.to_numpy(out)
     if host.dtype.kind in "fc":
         assert not np.any(np.isnan(host)), "NaN in a result"
+
+
+# --------------------------------------------------------------------------------------------
+# Block states and the ring
+# --------------------------------------------------------------------------------------------
+
+
+def _state(b: Any, rows: int = 3) -> Any:
+    q = _f(b, rows, 4)
+    return relattn.attention_block(
+        q, _f(b, 5, 4), _f(b, 5, 2), query_start=0, key_start=0, query_length=rows, key_length=5
+    )
+
+
+@pytest.mark.parametrize("bad", [None, [1.0], (1, 2, 3)], ids=["None", "list", "tuple"])
+def test_block_states_must_be_block_states(backend, bad):
+    state = _state(backend)
+    with pytest.raises(TypeError, match=r"^state must be a BlockState"):
+        relattn.finish_block_state(bad)
+    with pytest.raises(TypeError, match=r"^b must be a BlockState"):
+        relattn.merge_block_states(state, bad)
+    if bad is None:
+        return  # attention_block's default: no state yet
+    with pytest.raises(TypeError, match=r"^state must be a BlockState"):
+        relattn.attention_block(
+            _f(backend, 3, 4), _f(backend, 5, 4), _f(backend, 5, 2), query_start=0,
+            key_start=0, query_length=3, key_length=5, state=bad,
+        )  # fmt: skip
+
+
+def test_block_states_of_other_queries(backend):
+    with pytest.raises(ValueError, match=r"^a and b must hold the same queries"):
+        relattn.merge_block_states(_state(backend, 3), _state(backend, 2))
+    with pytest.raises(ValueError, match=r"^state must hold these queries' statistics"):
+        relattn.attention_block(
+            _f(backend, 2, 4), _f(backend, 5, 4), _f(backend, 5, 2), query_start=0,
+            key_start=0, query_length=3, key_length=5, state=_state(backend, 3),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("starts", "error", "match"),
+    [
+        ((4, 0), ValueError, r"^query_start must place the block inside the problem"),
+        ((0, 3), ValueError, r"^key_start must place the block inside the problem"),
+        ((-1, 0), ValueError, r"^query_start must place the block"),
+        ((1.5, 0), TypeError, r"^query_start must be an integer, got float"),
+        ((0, True), TypeError, r"^key_start must be an integer, got bool"),
+    ],
+)
+def test_block_outside_its_problem(backend, starts, error, match):
+    with pytest.raises(error, match=match):
+        relattn.attention_block(
+            _f(backend, 3, 4), _f(backend, 5, 4), _f(backend, 5, 2), query_start=starts[0],
+            key_start=starts[1], query_length=6, key_length=7,
+        )  # fmt: skip
+
+
+def test_block_table_is_the_whole_problems(backend):
+    with pytest.raises(ValueError, match=r"^position_table must have W = Lk = 7 rows"):
+        relattn.attention_block(
+            _f(backend, 3, 4), _f(backend, 5, 4), _f(backend, 5, 2), _f(backend, 8, 4),
+            query_start=0, key_start=0, query_length=3, key_length=7,
+        )  # fmt: skip
+
+
+def test_ring_attention_needs_jax(backend):
+    if backend.is_jax:
+        pytest.skip("JAX arrays: see tests/test_devices.py")
+    with pytest.raises(TypeError, match=r"^ring_attention needs JAX arrays inside jax.shard_map"):
+        relattn.ring_attention(
+            _f(backend, 3, 4), _f(backend, 3, 4), _f(backend, 3, 2), axis_name="seq"
+        )
