@@ -70,7 +70,7 @@ numpydoc_validation_checks = {"all", "SA01", "ES01", "RT02"}
 #   and "integer or real floating", which name array dtypes, not Python types.
 numpydoc_validation_overrides = {
     "SS05": [r"\A\s*[\w.-]+'s "],
-    "PR06": [r"integer dtype", r"integer or real floating"],
+    "PR06": [r"integer dtype", r"integer or real floating", r"0-d integer array"],
 }
 
 # -- intersphinx: inventories written from docs/intersphinx/*.txt -----------------------

@@ -1,4 +1,4 @@
-"""SPEC §4 recipe 7: DiSAN (Shen et al. 2018) on "I come from China !".
+"""Recipe: DiSAN (Shen et al. 2018) on "I come from China !".
 
 Directional Self-Attention Network: two DiSA blocks, one with the forward mask
 (each word attends only to the words before it) and one with the backward mask

@@ -1,4 +1,4 @@
-"""SPEC §4 recipe 2: Shaw et al. 2018 relative self-attention, clipped at K.
+"""Recipe: Shaw et al. 2018 relative self-attention, clipped at K.
 
 A multi-head self-attention layer whose keys and values get a learned vector
 per relative distance ``j - i``, clipped to ``[-K, K]``; the two ``(2K+1, d_head)``

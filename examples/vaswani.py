@@ -1,4 +1,4 @@
-"""SPEC §4 recipe 1: a Vaswani et al. (2017) encoder layer and decoder layer.
+"""Recipe: a Vaswani et al. (2017) encoder layer and decoder layer.
 
 The encoder layer adds the sinusoidal position encoding to the scaled token
 embeddings (section 3.5) and runs multi-head self-attention under a padding

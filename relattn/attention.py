@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import _checks, core
+from ._typing import Array
 
 __all__ = ["masked_softmax", "relative_attention", "scaled_dot_product_attention"]
 
 
-def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
+def masked_softmax(scores: Array, mask: Array = None, *, axis: int = -1) -> Array:
     """Softmax over the keys that may be attended; fully masked rows give zeros.
 
     Parameters
@@ -41,8 +42,8 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
 
     See Also
     --------
-    scaled_dot_product_attention : the softmax applied to ``q kᵀ · scale``.
-    mask_to_bias : an additive bias instead of a boolean mask.
+    scaled_dot_product_attention : The softmax applied to ``q kᵀ · scale``.
+    mask_to_bias : An additive bias instead of a boolean mask.
 
     Notes
     -----
@@ -69,17 +70,17 @@ def masked_softmax(scores: Any, mask: Any = None, *, axis: int = -1) -> Any:
 
 
 def scaled_dot_product_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
-    relative_bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
+    relative_bias: Array = None,
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
-) -> Any:
+) -> Array:
     """Scaled dot-product attention with optional masks and additive biases.
 
     Parameters
@@ -131,9 +132,9 @@ def scaled_dot_product_attention(
 
     See Also
     --------
-    relative_attention : with Transformer-XL's per-distance position term.
-    relative_bias : the ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
-    masked_softmax : the softmax alone.
+    relative_attention : With Transformer-XL's per-distance position term.
+    relative_bias : The ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
+    masked_softmax : The softmax alone.
 
     Notes
     -----
@@ -172,21 +173,21 @@ def scaled_dot_product_attention(
 
 
 def relative_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    position_table: Any,
+    q: Array,
+    k: Array,
+    v: Array,
+    position_table: Array,
     *,
-    content_bias: Any = None,
-    position_bias: Any = None,
-    mask: Any = None,
-    bias: Any = None,
-    relative_bias: Any = None,
-    value_table: Any = None,
+    content_bias: Array = None,
+    position_bias: Array = None,
+    mask: Array = None,
+    bias: Array = None,
+    relative_bias: Array = None,
+    value_table: Array = None,
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
-) -> Any:
+) -> Array:
     """Attention with Transformer-XL relative position scores.
 
     Parameters
@@ -249,10 +250,10 @@ def relative_attention(
 
     See Also
     --------
-    relative_scores : the position term ``(q + v) Rᵀ`` moved to key columns.
-    sinusoidal_position_encoding : the table ``R`` of Transformer-XL and TENER.
-    update_memory : the segment memory that makes ``Lk > Lq``.
-    shaw_attention, disentangled_attention : the other schemes of the same core.
+    relative_scores : The position term ``(q + v) Rᵀ`` moved to key columns.
+    sinusoidal_position_encoding : The table ``R`` of Transformer-XL and TENER.
+    update_memory : The segment memory that makes ``Lk > Lq``.
+    shaw_attention, disentangled_attention : The other schemes of the same core.
 
     Notes
     -----

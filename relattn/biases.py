@@ -19,12 +19,13 @@ import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks, core
+from ._typing import Array, Namespace
 from .shift import shift
 
 __all__ = ["alibi_slopes", "log_bucket_position", "relative_bias", "relative_position_bucket"]
 
 
-def relative_bias(values: Any, query_length: int, key_length: int) -> Any:
+def relative_bias(values: Array, query_length: int, key_length: int) -> Array:
     """Expand one bias per distance to every query–key pair (a Toeplitz matrix).
 
     Parameters
@@ -56,7 +57,7 @@ def relative_bias(values: Any, query_length: int, key_length: int) -> Any:
     --------
     relative_position_bucket : T5's bucket of each distance.
     alibi_slopes : ALiBi's slope per head.
-    scaled_dot_product_attention : takes ``values`` unexpanded as ``relative_bias=``.
+    scaled_dot_product_attention : Takes ``values`` unexpanded as ``relative_bias=``.
 
     Notes
     -----
@@ -95,8 +96,8 @@ def _distances(distances: Any) -> Any:
 
 
 def relative_position_bucket(
-    distances: Any, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
-) -> Any:
+    distances: Array, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> Array:
     """T5's bucket of each relative distance: exact for small ones, logarithmic beyond.
 
     Parameters
@@ -133,8 +134,8 @@ def relative_position_bucket(
 
     See Also
     --------
-    relative_bias : expands the gathered per-bucket values to ``(Lq, Lk)``.
-    relative_distances : the distance of each column of the relative layout.
+    relative_bias : Expands the gathered per-bucket values to ``(Lq, Lk)``.
+    relative_distances : The distance of each column of the relative layout.
 
     Notes
     -----
@@ -223,7 +224,7 @@ def _first_reaching(bucket: Any, target: int, low: int) -> int:
     return low
 
 
-def log_bucket_position(distances: Any, *, bucket_size: int, max_position: int) -> Any:
+def log_bucket_position(distances: Array, *, bucket_size: int, max_position: int) -> Array:
     """DeBERTa-v2's log-bucketed relative position: exact near 0, logarithmic beyond.
 
     Parameters
@@ -321,7 +322,9 @@ def _log_thresholds(mid: int, max_position: int, largest: int) -> list[int]:
 _LOG_THRESHOLDS: dict[tuple[int, int, int], list[int]] = {}
 
 
-def alibi_slopes(num_heads: int, *, dtype: Any = None, device: Any = None, xp: Any = None) -> Any:
+def alibi_slopes(
+    num_heads: int, *, dtype: Any = None, device: Any = None, xp: Namespace = None
+) -> Array:
     """ALiBi's head-specific slopes ``m_h``.
 
     Parameters
@@ -353,7 +356,7 @@ def alibi_slopes(num_heads: int, *, dtype: Any = None, device: Any = None, xp: A
 
     See Also
     --------
-    relative_bias : expands ``m_h · δ`` to ``(H, Lq, Lk)``.
+    relative_bias : Expands ``m_h · δ`` to ``(H, Lq, Lk)``.
     relative_distances : ``δ`` of each column of the causal layout.
 
     Notes

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import array_api_extra as xpx
 
+from ._typing import Array
 from .backends import backend_for
 from .shift import shift, unshift
 
@@ -136,7 +137,7 @@ def relative_term(
         terms.append(shift(values, bk, xp, fill=fill))
     if rel.query_table is not None:
         # p2c[i, j] = k_j · Qʳ[m(i, j)]: the keys play the queries' part in a problem of
-        # bk "queries" and bq "keys", over the flipped slice (SPEC §2.12).
+        # bk "queries" and bq "keys", over the flipped slice (He et al. 2021, eq. (4)).
         table = _window(rel.query_table, m0, width, rel.query_table.shape[-2], -2, xp)
         if table.shape[-2] < width:
             # Causal layout: the δ > 0 rows are absent and their cells masked; zeros stand in.
@@ -156,9 +157,35 @@ def relative_term(
 class BlockState(NamedTuple):
     """The unnormalised statistics of the online softmax for a block of queries.
 
-    ``accumulator (..., bq, d_v)``: ``Σ_j exp(s_ij - peak_i) (v_j + Vʳ[m(i, j)])``;
-    ``peak (..., bq, 1)``: the largest score seen per row (``-inf`` while every
-    key seen is masked); ``total (..., bq, 1)``: ``Σ_j exp(s_ij - peak_i)``.
+    Parameters
+    ----------
+    accumulator : array of shape (..., bq, d_v)
+        ``Σ_j exp(s_ij - peak_i) (v_j + Vʳ[m(i, j)])`` over the keys seen.
+    peak : array of shape (..., bq, 1)
+        The largest score seen per row (``-inf`` while every key seen is
+        masked).
+    total : array of shape (..., bq, 1)
+        ``Σ_j exp(s_ij - peak_i)``.
+
+    See Also
+    --------
+    attention_block : Fold a key block into a state.
+    merge_block_states : Combine two states.
+    finish_block_state : The output of a state.
+
+    Notes
+    -----
+    Milakov & Gimelshein 2018; Dao et al. 2022, algorithm 1: the statistics
+    ``(O, m, ℓ)`` kept per query block.
+
+    Examples
+    --------
+    >>> import array_api_strict as xp
+    >>> from relattn import attention_block
+    >>> state = attention_block(xp.zeros((1, 2)), xp.zeros((3, 2)), xp.ones((3, 1)),
+    ...                         query_start=0, key_start=0, query_length=1, key_length=3)
+    >>> state.total          # three keys, equal scores: exp(0) each
+    Array([[3.]], dtype=array_api_strict.float64)
     """
 
     accumulator: Any
@@ -501,21 +528,21 @@ def _query_block(
 # The public block primitives
 # -------------------------------------------------------------------------------------------
 def attention_block(
-    q: Any,
-    k: Any,
-    v: Any,
-    position_table: Any = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    position_table: Array = None,
     *,
     query_start: Any,
     key_start: Any,
     query_length: int,
     key_length: int,
-    content_bias: Any = None,
-    position_bias: Any = None,
-    query_position_table: Any = None,
-    value_table: Any = None,
-    relative_bias: Any = None,
-    mask: Any = None,
+    content_bias: Array = None,
+    position_bias: Array = None,
+    query_position_table: Array = None,
+    value_table: Array = None,
+    relative_bias: Array = None,
+    mask: Array = None,
     causal: bool = False,
     scale: Any = None,
     state: BlockState | None = None,
@@ -581,10 +608,10 @@ def attention_block(
 
     See Also
     --------
-    merge_block_states : combine states of the same queries over other keys.
-    finish_block_state : the attention output of a state.
-    ring_attention : these blocks on a ring of devices.
-    relative_attention : the whole problem at once (its ``block_size=`` runs these steps).
+    merge_block_states : Combine states of the same queries over other keys.
+    finish_block_state : The attention output of a state.
+    ring_attention : These blocks on a ring of devices.
+    relative_attention : The whole problem at once (its ``block_size=`` runs these steps).
 
     Notes
     -----
@@ -754,8 +781,8 @@ def merge_block_states(a: BlockState, b: BlockState) -> BlockState:
 
     See Also
     --------
-    attention_block : the state of one block pair.
-    finish_block_state : the output of a state.
+    attention_block : The state of one block pair.
+    finish_block_state : The output of a state.
 
     Notes
     -----
@@ -786,7 +813,7 @@ def merge_block_states(a: BlockState, b: BlockState) -> BlockState:
     return block_merge(a, b, xp)
 
 
-def finish_block_state(state: BlockState, *, dtype: Any = None) -> Any:
+def finish_block_state(state: BlockState, *, dtype: Any = None) -> Array:
     """The attention output ``accumulator / total`` of a state; rows with no key are 0.
 
     Parameters
@@ -811,7 +838,8 @@ def finish_block_state(state: BlockState, *, dtype: Any = None) -> Any:
 
     See Also
     --------
-    attention_block, merge_block_states
+    attention_block : The state of one block pair.
+    merge_block_states : The state over two key sets.
 
     Notes
     -----

@@ -14,6 +14,7 @@ import array_api_compat
 import numpy as np
 
 from . import _checks
+from ._typing import Array
 from .core import check_mask, check_qkv, softmax
 
 __all__ = ["complex_attention", "complex_linear", "complex_order_embedding"]
@@ -58,7 +59,9 @@ def _combine(re: Any, im: Any, dtype: Any, xp: Any) -> Any:
     return xp.astype(re, dtype) + xp.astype(im, dtype) * 1j
 
 
-def complex_order_embedding(amplitude: Any, frequency: Any, phase: Any, positions: Any) -> Any:
+def complex_order_embedding(
+    amplitude: Array, frequency: Array, phase: Array, positions: Array
+) -> Array:
     r"""Complex-order embedding ``r ⊙ exp(i(ω·pos + θ))`` of words at positions.
 
     Parameters
@@ -159,7 +162,7 @@ def complex_order_embedding(amplitude: Any, frequency: Any, phase: Any, position
     return _combine(r * xp.cos(angle), r * xp.sin(angle), cdtype, xp)
 
 
-def complex_linear(x: Any, weight: Any, *, bias: Any = None) -> Any:
+def complex_linear(x: Array, weight: Array, *, bias: Array = None) -> Array:
     """Complex linear map ``y = x W + b`` with ``W = W_r + i W_i``.
 
     Parameters
@@ -232,15 +235,15 @@ def complex_linear(x: Any, weight: Any, *, bias: Any = None) -> Any:
 
 
 def complex_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     conjugate: bool = True,
     reduction: str = "real",
-    mask: Any = None,
+    mask: Array = None,
     scale: Any = None,
-) -> Any:
+) -> Array:
     r"""Attention over complex queries and keys: real scores, complex output.
 
     Parameters

@@ -71,7 +71,7 @@ def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
     """The backend's attention kernel for these inputs, or ``None`` (generic path).
 
     Empty axes always take the generic path, which gives the empty or zero
-    result of SPEC §1 on every backend.
+    result (relattn's conventions: no key gives a zero row) on every backend.
     """
     offer = backend_for(xp).fused_attention
     if offer is None or not all(n > 0 for n in (*q.shape, *k.shape, *v.shape)):
@@ -234,7 +234,7 @@ def attention(
     dtype = xp.result_type(q, v)
     if block_size is None:
         block_size = automatic_block_size(q, k, v, xp)
-    # Empty axes take the whole-array path, which gives SPEC §1's empty or zero result.
+    # Empty axes take the whole-array path: an empty result, or zero rows where no key is.
     nonempty = all(n > 0 for n in (*q.shape, *k.shape, *v.shape))
     if block_size is not None and nonempty:
         return blockwise(blocks, xp, block_size=block_size, dtype=dtype)

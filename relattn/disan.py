@@ -20,6 +20,7 @@ import array_api_compat
 
 from . import _checks
 from ._activations import elu, sigmoid
+from ._typing import Array
 from .core import check_mask, softmax
 from .masks import backward_mask, diagonal_disabled_mask, forward_mask
 
@@ -92,17 +93,17 @@ def _mask_rows(allowed: Any, mask: Any, start: int, stop: int) -> Any:
 
 
 def multi_dimensional_attention(
-    h: Any,
-    query_weight: Any,
-    key_weight: Any,
-    bias: Any,
+    h: Array,
+    query_weight: Array,
+    key_weight: Array,
+    bias: Array,
     *,
     direction: str | None = None,
-    mask: Any = None,
+    mask: Array = None,
     c: float = 5.0,
     fusion: Any = None,
     chunk_size: int | None = None,
-) -> Any:
+) -> Array:
     """DiSAN's directional multi-dimensional token2token self-attention.
 
     Parameters
@@ -262,8 +263,8 @@ def multi_dimensional_attention(
 
 
 def source2token_attention(
-    h: Any, weight1: Any, bias1: Any, weight: Any, bias: Any, *, mask: Any = None
-) -> Any:
+    h: Array, weight1: Array, bias1: Array, weight: Array, bias: Array, *, mask: Array = None
+) -> Array:
     """DiSAN's multi-dimensional source2token attention: one vector per sequence.
 
     Parameters

@@ -5,24 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from . import _checks, core
+from ._typing import Array
 
 __all__ = ["disentangled_attention"]
 
 
 def disentangled_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    key_position_table: Any,
-    query_position_table: Any,
+    q: Array,
+    k: Array,
+    v: Array,
+    key_position_table: Array,
+    query_position_table: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
-    relative_bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
+    relative_bias: Array = None,
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
-) -> Any:
+) -> Array:
     r"""Attention with content-to-content, content-to-position and position-to-content scores.
 
     Parameters

@@ -21,6 +21,7 @@ import array_api_extra as xpx
 import numpy as np
 
 from . import _checks
+from ._typing import Array, Namespace
 
 __all__ = ["inverse_frequencies", "sinusoidal_position_encoding"]
 
@@ -40,8 +41,8 @@ def inverse_frequencies(
     endpoint: bool = False,
     dtype: Any = None,
     device: Any = None,
-    xp: Any = None,
-) -> Any:
+    xp: Namespace = None,
+) -> Array:
     """Geometric frequencies ``ω_k = base^(-k/count)`` (or ``base^(-k/(count - 1))``).
 
     Parameters
@@ -79,7 +80,7 @@ def inverse_frequencies(
     See Also
     --------
     sinusoidal_position_encoding : ``sin``/``cos`` of ``p·ω_k``.
-    rotary_position_embedding : rotations by ``p·ω_k``.
+    rotary_position_embedding : Rotations by ``p·ω_k``.
 
     Notes
     -----
@@ -202,16 +203,16 @@ def _exact_angles(p: Any, frequencies: tuple[float, ...], work: Any, xp: Any, de
 
 
 def sinusoidal_position_encoding(
-    positions: Any,
+    positions: Array,
     d_model: int,
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
-    frequencies: Any = None,
+    frequencies: Array = None,
     dtype: Any = None,
     device: Any = None,
-    xp: Any = None,
-) -> Any:
+    xp: Namespace = None,
+) -> Array:
     r"""Sinusoidal encoding of positions (absolute or relative).
 
     Parameters
@@ -265,9 +266,9 @@ def sinusoidal_position_encoding(
 
     See Also
     --------
-    inverse_frequencies : the frequencies ``ω_k``.
-    relative_distances : relative positions to encode (Transformer-XL, TENER).
-    rotary_position_embedding : the same frequencies applied as rotations.
+    inverse_frequencies : The frequencies ``ω_k``.
+    relative_distances : Relative positions to encode (Transformer-XL, TENER).
+    rotary_position_embedding : The same frequencies applied as rotations.
 
     Notes
     -----

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _checks
+from ._typing import Array
 
 __all__ = ["merge_heads", "split_heads"]
 
 
-def split_heads(x: Any, num_heads: int) -> Any:
+def split_heads(x: Array, num_heads: int) -> Array:
     """Split the feature axis into heads: ``(..., L, H·d_head) -> (..., H, L, d_head)``.
 
     Parameters
@@ -58,7 +57,7 @@ def split_heads(x: Any, num_heads: int) -> Any:
     return xp.permute_dims(x, (*range(len(batch)), x.ndim - 2, x.ndim - 3, x.ndim - 1))
 
 
-def merge_heads(x: Any) -> Any:
+def merge_heads(x: Array) -> Array:
     """Concatenate heads: ``(..., H, L, d_head) -> (..., L, H·d_head)``.
 
     Parameters

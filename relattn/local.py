@@ -15,12 +15,13 @@ import array_api_compat
 
 from . import _checks
 from ._activations import sigmoid
+from ._typing import Array
 from .core import check_mask, softmax
 
 __all__ = ["local_p_weights", "predicted_positions"]
 
 
-def predicted_positions(q: Any, weight: Any, v: Any, key_length: Any) -> Any:
+def predicted_positions(q: Array, weight: Array, v: Array, key_length: Any) -> Array:
     """Luong's local-p aligned positions ``p_i = S · sigmoid(v_pᵀ tanh(W_p q_i))``.
 
     Parameters
@@ -99,7 +100,7 @@ def predicted_positions(q: Any, weight: Any, v: Any, key_length: Any) -> Any:
     return key_length * sigmoid(xp.tanh(q @ weight) @ v, xp)
 
 
-def local_p_weights(scores: Any, positions: Any, window: int, *, mask: Any = None) -> Any:
+def local_p_weights(scores: Array, positions: Array, window: int, *, mask: Array = None) -> Array:
     """Luong's local-p attention weights: a windowed softmax times a Gaussian.
 
     Parameters

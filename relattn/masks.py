@@ -13,6 +13,7 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from ._typing import Array, Namespace
 from .backends import backend_for
 from .positions import relative_positions
 
@@ -34,9 +35,9 @@ def causal_mask(
     query_start: Any = 0,
     key_start: Any = 0,
     offset: Any = None,
-    xp: Any = None,
+    xp: Namespace = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Sequence mask: each query sees the keys at or before its own position.
 
     Parameters
@@ -66,8 +67,8 @@ def causal_mask(
 
     See Also
     --------
-    relative_positions : the distances ``δ(i, j)``.
-    padding_mask : keys beyond each sequence's length.
+    relative_positions : The distances ``δ(i, j)``.
+    padding_mask : Keys beyond each sequence's length.
 
     Notes
     -----
@@ -94,8 +95,8 @@ def causal_mask(
 
 
 def local_window_mask(
-    query_length: int, key_length: int, window: int, *, xp: Any = None, device: Any = None
-) -> Any:
+    query_length: int, key_length: int, window: int, *, xp: Namespace = None, device: Any = None
+) -> Array:
     """Local attention: each query sees the keys within ``window`` of it.
 
     Parameters
@@ -145,7 +146,7 @@ def _square(length: int, xp: Any, device: Any) -> Any:
     return relative_positions(length, length, xp=xp, device=device)
 
 
-def forward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
+def forward_mask(length: int, *, xp: Namespace = None, device: Any = None) -> Array:
     """DiSAN's forward mask: each query sees the strictly earlier keys.
 
     Parameters
@@ -187,7 +188,7 @@ def forward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
     return _square(_checks.length("length", length, minimum=0), xp, device) < 0
 
 
-def backward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
+def backward_mask(length: int, *, xp: Namespace = None, device: Any = None) -> Array:
     """DiSAN's backward mask: each query sees the strictly later keys.
 
     Parameters
@@ -230,7 +231,7 @@ def backward_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
     return _square(_checks.length("length", length, minimum=0), xp, device) > 0
 
 
-def diagonal_disabled_mask(length: int, *, xp: Any = None, device: Any = None) -> Any:
+def diagonal_disabled_mask(length: int, *, xp: Namespace = None, device: Any = None) -> Array:
     """DiSAN's diag-disabled mask: each query sees every key but itself.
 
     Parameters
@@ -270,7 +271,7 @@ def diagonal_disabled_mask(length: int, *, xp: Any = None, device: Any = None) -
     return _square(_checks.length("length", length, minimum=0), xp, device) != 0
 
 
-def padding_mask(lengths: Any, max_length: int) -> Any:
+def padding_mask(lengths: Array, max_length: int) -> Array:
     """Key padding mask from per-sequence lengths.
 
     Parameters
@@ -323,7 +324,7 @@ def padding_mask(lengths: Any, max_length: int) -> Any:
     return positions[None, :] < lengths[:, None]
 
 
-def mask_to_bias(mask: Any, *, dtype: Any) -> Any:
+def mask_to_bias(mask: Array, *, dtype: Any) -> Array:
     """Additive bias from a boolean mask: 0 where allowed, a large negative elsewhere.
 
     Parameters

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _checks
+from ._typing import Array
 from .backends import backend_for
 
 __all__ = ["stop_gradient", "update_memory"]
 
 
-def stop_gradient(x: Any) -> Any:
+def stop_gradient(x: Array) -> Array:
     """The same values, cut from automatic differentiation.
 
     Parameters
@@ -45,7 +44,7 @@ def stop_gradient(x: Any) -> Any:
     return backend_for(xp).stop_gradient(x)
 
 
-def update_memory(memory: Any, hidden: Any, memory_length: int) -> Any:
+def update_memory(memory: Array, hidden: Array, memory_length: int) -> Array:
     """New segment memory: the last ``M`` positions of ``[memory ∘ hidden]``, stop-gradient.
 
     Parameters

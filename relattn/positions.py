@@ -16,6 +16,7 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from ._typing import Array, Namespace
 
 __all__ = ["relative_distances", "relative_positions", "relative_table"]
 
@@ -63,9 +64,9 @@ def relative_distances(
     query_start: Any = 0,
     key_start: Any = 0,
     offset: Any = None,
-    xp: Any = None,
+    xp: Namespace = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """The distance ``δ`` held by each column of the relative layout (of a problem or a block).
 
     Parameters
@@ -105,8 +106,8 @@ def relative_distances(
 
     See Also
     --------
-    relative_positions : the distance of every query–key pair.
-    relative_table : a clipped table expanded over these distances.
+    relative_positions : The distance of every query–key pair.
+    relative_table : A clipped table expanded over these distances.
 
     Notes
     -----
@@ -148,9 +149,9 @@ def relative_positions(
     query_start: Any = 0,
     key_start: Any = 0,
     offset: Any = None,
-    xp: Any = None,
+    xp: Namespace = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Relative distance ``δ(i, j) = j - (i + Lk - Lq)`` of every query–key pair.
 
     Parameters
@@ -183,7 +184,7 @@ def relative_positions(
 
     See Also
     --------
-    relative_distances : one distance per column of the relative layout.
+    relative_distances : One distance per column of the relative layout.
     causal_mask : ``δ <= 0``.
 
     Notes
@@ -244,14 +245,14 @@ def clip_radius(name: str, radius: Any, rows: int) -> tuple[int, int]:
 
 
 def relative_table(
-    table: Any,
+    table: Array,
     query_length: int,
     key_length: int,
     *,
     causal: bool = False,
     out_of_range: str = "clip",
     radius: Any = None,
-) -> Any:
+) -> Array:
     """Expand a clipped table of ``2K + 1`` distances to the relative layout.
 
     Parameters
@@ -290,9 +291,9 @@ def relative_table(
 
     See Also
     --------
-    relative_distances : the distance ``δ`` of each row of the result.
-    shaw_attention : attention with such tables on keys and values.
-    rel_shift : moves scores against the result to key columns.
+    relative_distances : The distance ``δ`` of each row of the result.
+    shaw_attention : Attention with such tables on keys and values.
+    rel_shift : Moves scores against the result to key columns.
 
     Notes
     -----

@@ -5,27 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from . import _checks, core
+from ._typing import Array
 from .backends import backend_for
 
 __all__ = ["ring_attention"]
 
 
 def ring_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    position_table: Any = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    position_table: Array = None,
     *,
     axis_name: Any,
-    content_bias: Any = None,
-    position_bias: Any = None,
-    query_position_table: Any = None,
-    value_table: Any = None,
-    relative_bias: Any = None,
-    mask: Any = None,
+    content_bias: Array = None,
+    position_bias: Array = None,
+    query_position_table: Array = None,
+    value_table: Array = None,
+    relative_bias: Array = None,
+    mask: Array = None,
     causal: bool = False,
     scale: Any = None,
-) -> Any:
+) -> Array:
     """Relative attention over a sequence sharded across devices, key blocks passed round a ring.
 
     Called inside ``jax.shard_map`` on each device's shard of the sequence:
@@ -89,8 +90,8 @@ def ring_attention(
 
     See Also
     --------
-    relative_attention : the same attention on one device.
-    attention_block, merge_block_states : the block step the ring runs.
+    relative_attention : The same attention on one device.
+    attention_block, merge_block_states : The block step the ring runs.
 
     Notes
     -----

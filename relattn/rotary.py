@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import array_api_compat
 
 from . import _checks
+from ._typing import Array
 from .encodings import LAYOUTS, _check_base, _sin_cos, _working_dtype
 
 __all__ = ["rotary_position_embedding"]
 
 
 def rotary_position_embedding(
-    x: Any,
-    positions: Any = None,
+    x: Array,
+    positions: Array = None,
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
     rotary_dim: int | None = None,
-    frequencies: Any = None,
-) -> Any:
+    frequencies: Array = None,
+) -> Array:
     r"""Rotate feature pairs of queries or keys by angles proportional to their positions.
 
     Parameters
@@ -65,9 +64,9 @@ def rotary_position_embedding(
 
     See Also
     --------
-    inverse_frequencies : the default ``θ_k``.
+    inverse_frequencies : The default ``θ_k``.
     complex_order_embedding : RoPE is its special case ``r = 1``, ``ω = θ``, phase 0.
-    scaled_dot_product_attention : attention on the rotated queries and keys.
+    scaled_dot_product_attention : Attention on the rotated queries and keys.
 
     Notes
     -----

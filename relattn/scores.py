@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from . import _checks, blocks, core
+from ._typing import Array
 
 __all__ = [
     "additive_scores",
@@ -37,7 +38,7 @@ def _check_qk(q: Any, k: Any, *, same_features: bool) -> tuple[int, ...]:
     return _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2])
 
 
-def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) -> Any:
+def relative_scores(q: Array, table: Array, key_length: int, *, bias: Array = None) -> Array:
     """Query–position scores, one column per key: ``rel_shift((q + bias) tableᵀ, Lk)``.
 
     Parameters
@@ -101,7 +102,7 @@ def relative_scores(q: Any, table: Any, key_length: int, *, bias: Any = None) ->
     )
 
 
-def dot_product_scores(q: Any, k: Any) -> Any:
+def dot_product_scores(q: Array, k: Array) -> Array:
     """Dot-product (multiplicative) scores ``e_ij = q_iᵀ k_j``.
 
     Parameters
@@ -147,7 +148,7 @@ def dot_product_scores(q: Any, k: Any) -> Any:
     return q @ xp.matrix_transpose(k)
 
 
-def scaled_dot_product_scores(q: Any, k: Any, *, scale: Any = None) -> Any:
+def scaled_dot_product_scores(q: Array, k: Array, *, scale: Any = None) -> Array:
     """Scaled dot-product scores ``e_ij = q_iᵀ k_j · scale``, ``scale = 1/√d`` by default.
 
     Parameters
@@ -195,7 +196,7 @@ def scaled_dot_product_scores(q: Any, k: Any, *, scale: Any = None) -> Any:
     return (q @ xp.matrix_transpose(k)) * scale
 
 
-def bilinear_scores(q: Any, k: Any, weight: Any) -> Any:
+def bilinear_scores(q: Array, k: Array, weight: Array) -> Array:
     """Bilinear ("general") scores ``e_ij = q_iᵀ W k_j``.
 
     Parameters
@@ -262,15 +263,15 @@ def _additive_chunk_size(lead: tuple[int, ...], lq: int, lk: int, d_a: int) -> i
 
 
 def additive_scores(
-    q: Any,
-    k: Any,
-    query_weight: Any,
-    key_weight: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    query_weight: Array,
+    key_weight: Array,
+    v: Array,
     *,
-    bias: Any = None,
+    bias: Array = None,
     chunk_size: int | None = None,
-) -> Any:
+) -> Array:
     """Additive ("concat", Bahdanau) scores ``e_ij = vᵀ tanh(W q_i + U k_j + b)``.
 
     Parameters
@@ -388,7 +389,7 @@ def _unit_rows(x: Any, xp: Any) -> Any:
     return scaled / xp.sqrt(xp.where(squared > 0, squared, xp.ones_like(squared)))
 
 
-def cosine_scores(q: Any, k: Any) -> Any:
+def cosine_scores(q: Array, k: Array) -> Array:
     """Content-based (cosine) scores ``e_ij = q_iᵀ k_j / (‖q_i‖ ‖k_j‖)``.
 
     Parameters
@@ -440,7 +441,7 @@ def cosine_scores(q: Any, k: Any) -> Any:
     return _unit_rows(q, xp) @ xp.matrix_transpose(_unit_rows(k, xp))
 
 
-def location_scores(q: Any, weight: Any) -> Any:
+def location_scores(q: Array, weight: Array) -> Array:
     """Location-based logits ``W_a q_i`` over a fixed number of source positions.
 
     Parameters

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _checks, core
+from ._typing import Array
 from .positions import OUT_OF_RANGE, clip_radius, relative_table
 
 __all__ = ["shaw_attention"]
@@ -34,21 +35,21 @@ def _check_clipped_table(
 
 
 def shaw_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    key_table: Any,
-    value_table: Any = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    key_table: Array,
+    value_table: Array = None,
     *,
-    mask: Any = None,
-    bias: Any = None,
-    relative_bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
+    relative_bias: Array = None,
     causal: bool = False,
     scale: Any = None,
     out_of_range: str = "clip",
     radius: Any = None,
     block_size: Any = None,
-) -> Any:
+) -> Array:
     """Attention with Shaw et al. relative position representations on keys and values.
 
     Parameters
@@ -109,8 +110,8 @@ def shaw_attention(
 
     See Also
     --------
-    relative_table : the expansion of a clipped table to the relative layout.
-    relative_attention : the same core with a table per distance (``value_table=``).
+    relative_table : The expansion of a clipped table to the relative layout.
+    relative_attention : The same core with a table per distance (``value_table=``).
 
     Notes
     -----

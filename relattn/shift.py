@@ -17,6 +17,7 @@ import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks
+from ._typing import Array
 
 __all__ = ["rel_shift", "rel_unshift"]
 
@@ -63,7 +64,7 @@ def unshift(x: Any, xp: Any) -> Any:
     return xp.reshape(flat[..., lk - 1 : lk - 1 + lq * full], (*batch, lq, full))
 
 
-def rel_shift(x: Any, key_length: int) -> Any:
+def rel_shift(x: Array, key_length: int) -> Array:
     """Move scores from the relative layout to one column per key.
 
     Parameters
@@ -91,8 +92,8 @@ def rel_shift(x: Any, key_length: int) -> Any:
 
     Notes
     -----
-    Dai et al. 2019, appendix B; seed note 001, eq. (12):
-    ``M_r[i] = M̂_r[i, T-1-i : 2T-1-i]``. With row stride ``W - 1`` the
+    Dai et al. 2019, appendix B: row ``i`` of the result is row ``i`` of the
+    relative scores from column ``Lq - 1 - i`` on. With row stride ``W - 1`` the
     element wanted for ``(i, j)`` sits at flat offset ``Lq - 1 + i·(W-1) + j``,
     so a reshape and two slices replace a gather.
 
@@ -117,7 +118,7 @@ def rel_shift(x: Any, key_length: int) -> Any:
     return shift(x, lk, xp)
 
 
-def rel_unshift(x: Any) -> Any:
+def rel_unshift(x: Array) -> Array:
     """Move per-key values back to the relative layout (inverse of :func:`rel_shift`).
 
     Parameters

@@ -17,7 +17,7 @@ import numpy as np
 from ..backends import Backend, backend_for, load, namespace_of_module
 from .models import SCHEMES, Config, Encoder, MemoryEncoder
 
-#: SPEC §5 tolerances, per dtype, on unit-scale data: (rtol, atol).
+#: The release tolerances, per dtype, on unit-scale data: (rtol, atol).
 TOLERANCES = {"float64": (1e-10, 1e-12), "float32": (1e-4, 1e-5)}
 
 
