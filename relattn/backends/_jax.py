@@ -164,6 +164,11 @@ def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
         _pad_axis(_pad_axis(blocks.mask, -1, cols, False), -2, rows, False),
     )
     key_limit = lk if cols != lk else None
+    # Inside a shard_map the loop's carry must vary over the axes its inputs vary over.
+    axes = _inputs_axes(
+        blocks.q, blocks.k, blocks.v, blocks.qp, blocks.ks, blocks.value_table, blocks.bias,
+        blocks.mask, rel.key_table, rel.query_table, rel.relative_bias,
+    )  # fmt: skip
     offset = lk - lq
     lead, d_v = blocks.lead, blocks.v.shape[-1]
     work = blk.accumulator_dtype(dtype, xp)
@@ -196,6 +201,7 @@ def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
             return lax.cond(j0 <= i0 + bq - 1 + offset, fold, lambda state: state, state)
 
         start = blk.block_start((*lead, bq, d_v), work, None, xp)
+        start = blk.BlockState(*(_varying(x, axes) for x in start))
         return blk.block_finish(lax.fori_loop(0, nk, step, start), dtype, xp)
 
     outputs = lax.map(jax.checkpoint(query_block), jnp.arange(nq))  # (nq, *lead, bq, d_v)
@@ -203,18 +209,37 @@ def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
     return out[..., :lq, :]
 
 
-def _varying(x: Any, axis_name: Any) -> Any:
-    """``x`` typed as varying over ``axis_name`` inside ``shard_map`` (``None`` stays ``None``)."""
+def _axes(x: Any) -> frozenset[Any]:
+    """The mesh axes ``x`` varies over inside ``shard_map`` (none outside it)."""
     import jax
-    from jax import lax
 
     if x is None:
-        return x
+        return frozenset()
     aval = jax.typeof(x)
     varying = aval.vma if hasattr(aval, "vma") else aval.mat.varying  # JAX < 0.10 / >= 0.10
-    if axis_name in varying:
+    return frozenset(varying)
+
+
+def _varying(x: Any, axes: frozenset[Any]) -> Any:
+    """``x`` typed as varying over ``axes`` inside ``shard_map`` (``None`` stays ``None``).
+
+    ``shard_map`` types each value by the mesh axes it varies over, and a loop's
+    carry or a ``lax.cond``'s branches must agree: a state built from constants
+    varies over none, the blocks folded into it over the inputs' axes.
+    """
+    from jax import lax
+
+    missing = axes - _axes(x)
+    if x is None or not missing:
         return x
-    return lax.pcast(x, (axis_name,), to="varying")
+    return lax.pcast(x, tuple(sorted(missing, key=str)), to="varying")
+
+
+def _inputs_axes(*arrays: Any) -> frozenset[Any]:
+    axes: frozenset[Any] = frozenset()
+    for x in arrays:
+        axes |= _axes(x)
+    return axes
 
 
 class _Ring:
@@ -247,8 +272,10 @@ class _Ring:
         # Every operand varies over the ring's axis: replicated tables and masks are cast
         # to varying here, once, so that their cotangents are summed over the devices
         # here too (a psum), and not inside a lax.cond branch that some devices skip.
-        terms = {name: _varying(x, axis_name) for name, x in terms.items()}
-        mask = _varying(mask, axis_name)
+        axes = _inputs_axes(q, k, v) | {axis_name}
+        terms = {name: _varying(x, axes) for name, x in terms.items()}
+        mask = _varying(mask, axes)
+        q, k, v = (_varying(x, axes) for x in (q, k, v))
         problem = blk.problem(
             q, k, v, xp, scale=scale, lq=n * bq, lk=n * bk, causal=causal, **terms
         )
@@ -260,15 +287,18 @@ class _Ring:
         state = blk.block_start((*problem.lead, bq, v.shape[-1]), work, None, xp)
         # shard_map types each value by the mesh axes it varies over: the state varies like
         # the blocks folded into it (both branches of the cond below must agree).
-        state = blk.BlockState(*(_varying(x, axis_name) for x in state))
+        state = blk.BlockState(*(_varying(x, axes) for x in state))
         ring = [(j, (j + 1) % n) for j in range(n)]
         mask = _slice_axis(mask, i0, bq, -2) if _has_rows(mask) else mask
-        keys, values, scaled_keys = k, v, problem.ks
+        keys, values = k, v
         for step in range(n):
             j0 = ((me - step) % n) * bk  # the block at hand started on device me - step
             block = (i0, bq, j0, bk)
 
-            def fold(state: Any, keys=keys, values=values, scaled_keys=scaled_keys, block=block):
+            def fold(state: Any, keys=keys, values=values, block=block):
+                # DeBERTa's position-to-content term reads the scaled keys: scaled here,
+                # not passed round the ring beside the keys.
+                scaled_keys = None if problem.ks is None else keys * scale
                 s = blk.pair_scores(
                     problem, problem.q, keys, problem.qp, scaled_keys, block, xp,
                     mask=_slice_axis(mask, block[2], bk, -1),
@@ -283,8 +313,6 @@ class _Ring:
                 state = fold(state)
             if step < n - 1:
                 keys, values = lax.ppermute((keys, values), axis_name, ring)
-                if scaled_keys is not None:
-                    scaled_keys = lax.ppermute(scaled_keys, axis_name, ring)
         return blk.block_finish(state, xp.result_type(q, v), xp)
 
 
