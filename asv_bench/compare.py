@@ -7,6 +7,12 @@ but at the sizes the targets name, and printed as one markdown table:
 - ``relative_attention``: relattn / native Transformer-XL code (pad-and-reshape
   shift, ``asv_bench/benchmarks/native.py``) on NumPy, PyTorch CPU and JAX
   (``jax.jit``) at Lq = 512, Lk = 1024, causal and full layouts: <= 1.05;
+- ``rotary_position_embedding`` of ``q`` and ``k`` (B = 2, H = 8, L = 2048,
+  d = 64) / Hugging Face's ``apply_rotary_pos_emb`` with ``rotate_half``
+  given its cached ``cos``/``sin``, and T5-bias attention at Lq = Lk = 512
+  (``relative_bias=`` from the ``2L - 1`` distances' buckets) / the ``(H, L, L)``
+  bias gathered per pair + the fused kernel (NumPy: softmax), on NumPy,
+  PyTorch CPU and JAX: <= 1.05;
 - ``relative_attention`` / its own matrix products timed alone
   (``(q+u) kᵀ``, ``(q+v) Rᵀ``, ``P v``, summed) at Lq = 1024, Lk = 2048 on
   NumPy and PyTorch CPU: <= 1.5;
@@ -141,6 +147,34 @@ def other_functions(names: list[str], repeats: int) -> list[Row]:
         ours, theirs = functools.partial(ours_fn, *args), functools.partial(theirs_fn, *args)
         ratio, a, b = side_by_side(ours, theirs, backend, repeats)
         what = "shaw_attention, Lq=512 Lk=1024: relattn / tensor2tensor (Lq, Lk, d) tensors"
+        rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
+    return rows
+
+
+def position_schemes(names: list[str], repeats: int) -> list[Row]:
+    """RoPE against HF's ``rotate_half``; T5's bias against the materialised ``(H, L, L)`` bias."""
+    rows = []
+    rotary_length, t5_length = 2048, 512
+    for name in names:
+        backend = common.get_backend(name)
+        label = f"{name}-jit" if name == "jax" else name
+        arrays = common.on(backend, common.rotary_inputs(rotary_length))
+        cos, sin = native.rotary_tables(backend, rotary_length)
+        ours_fn = backend.record.jit(common.rotary_qk)
+        theirs_fn = native.native("rotary_position_embedding", backend)
+        ours = functools.partial(ours_fn, arrays["q"], arrays["k"])
+        theirs = functools.partial(theirs_fn, arrays["q"], arrays["k"], cos, sin)
+        ratio, a, b = side_by_side(ours, theirs, backend, repeats)
+        what = f"rotary_position_embedding, L={rotary_length}: relattn / native rotate_half"
+        rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
+        arrays = common.on(backend, common.t5_inputs(t5_length))
+        qkv = (arrays["q"], arrays["k"], arrays["v"], arrays["table"])
+        ours_fn = backend.record.jit(common.t5_attention)
+        theirs_fn = native.native("t5_attention", backend)
+        ours = functools.partial(ours_fn, *qkv, arrays["buckets"])
+        theirs = functools.partial(theirs_fn, *qkv, native.t5_pairs(backend, t5_length))
+        ratio, a, b = side_by_side(ours, theirs, backend, repeats)
+        what = f"T5-bias attention, Lq=Lk={t5_length}: relattn / materialised bias + SDPA"
         rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
     return rows
 
@@ -325,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"relattn {relattn.__version__}; {environment()}; repeats {repeats}{malloc}\n")
     rows = against_native(names, repeats)
     rows += other_functions(names, repeats)
+    rows += position_schemes(names, repeats)
     rows += against_products(names, repeats)
     if not args.no_memory and (args.backend is None or "numpy" in args.backend):
         rows += shaw_memory(2048)

@@ -18,6 +18,7 @@ import array_api_extra as xpx
 
 from . import _checks
 from ._typing import Array
+from .backends import backend_for
 
 __all__ = ["rel_shift", "rel_unshift"]
 
@@ -35,15 +36,18 @@ def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
     if lq == 0 or key_length == 0:
         return xp.reshape(x[..., :0], (*batch, lq, key_length))
     full = lq + key_length - 1
+    given = x
     if width != full:
         pad = [(0, 0)] * (x.ndim - 1) + [(0, full - width)]
         x = xpx.pad(x, pad, constant_values=fill, xp=xp)
     if lq == 1:
-        return x
+        return backend_for(xp).rechunk_like(x, given)
     # Element [i, j - i + Lq - 1] sits at flat index i·(W - 1) + j + Lq - 1.
     flat = xp.reshape(x, (*batch, lq * full))
     flat = flat[..., lq - 1 : lq - 1 + lq * (full - 1)]
-    return xp.reshape(flat, (*batch, lq, full - 1))[..., :key_length]
+    out = xp.reshape(flat, (*batch, lq, full - 1))[..., :key_length]
+    # Chunked libraries (Dask): the chunks of ``x`` again, not those the flat reshape left.
+    return backend_for(xp).rechunk_like(out, given)
 
 
 def unshift(x: Any, xp: Any) -> Any:
@@ -61,7 +65,8 @@ def unshift(x: Any, xp: Any) -> Any:
     # which is Lk - 1 + i·W + (j - i + Lq - 1): read rows of stride W from there.
     padded = xpx.pad(x, [(0, 0)] * len(batch) + [(1, 1), (0, lq - 2)], xp=xp)
     flat = xp.reshape(padded, (*batch, (lq + 2) * (full - 1)))
-    return xp.reshape(flat[..., lk - 1 : lk - 1 + lq * full], (*batch, lq, full))
+    out = xp.reshape(flat[..., lk - 1 : lk - 1 + lq * full], (*batch, lq, full))
+    return backend_for(xp).rechunk_like(out, x)
 
 
 def rel_shift(x: Array, key_length: int) -> Array:

@@ -12,8 +12,22 @@ import math
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 
 import relattn
+
+# Lazy on Dask, traced under jax.jit on JAX, for every backend test.
+lazy_xp_modules = [relattn]
+for _function in (
+    relattn.masked_softmax,
+    relattn.scaled_dot_product_attention,
+    relattn.relative_scores,
+    relattn.relative_attention,
+    relattn.mask_to_bias,
+    relattn.causal_mask,
+    relattn.padding_mask,
+):
+    lazy_xp_function(_function)
 
 
 def _random_mask(rng, shape, p=0.6):

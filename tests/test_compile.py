@@ -14,14 +14,12 @@ import pytest
 
 import relattn
 
-torch = pytest.importorskip("torch")
-
 pytestmark = pytest.mark.slow
 
 LQ, LK, D = 4, 7, 8
 
 
-def _inputs(rng, width):
+def _inputs(torch_backend, rng, width):
     shapes = {
         "q": (2, 3, LQ, D),
         "k": (2, 3, LK, D),
@@ -30,48 +28,55 @@ def _inputs(rng, width):
         "u": (3, 1, D),
     }
     return {
-        name: torch.tensor(rng.normal(size=s), requires_grad=True) for name, s in shapes.items()
+        name: torch_backend.asarray(rng.normal(size=s), "float64").requires_grad_(True)
+        for name, s in shapes.items()
     }
 
 
+#: name -> (table width, call(inputs, xp, device)).
 CALLS = {
     "relative_attention[causal]": (
         LK,
-        lambda a: relattn.relative_attention(
+        lambda a, xp, device: relattn.relative_attention(
             a["q"], a["k"], a["v"], a["table"], content_bias=a["u"], position_bias=a["u"]
         ),
     ),
     "relative_attention[full]": (
         LQ + LK - 1,
-        lambda a: relattn.relative_attention(
+        lambda a, xp, device: relattn.relative_attention(
             a["q"], a["k"], a["v"], a["table"], content_bias=a["u"], position_bias=a["u"]
         ),
     ),
     "scaled_dot_product_attention": (
         LK,
-        lambda a: relattn.scaled_dot_product_attention(
-            a["q"], a["k"], a["v"], mask=relattn.causal_mask(LQ, LK, xp=torch)
+        lambda a, xp, device: relattn.scaled_dot_product_attention(
+            a["q"], a["k"], a["v"], mask=relattn.causal_mask(LQ, LK, xp=xp, device=device)
         ),
     ),
     "shaw_attention": (
         5,  # distances -2 … 2
-        lambda a: relattn.shaw_attention(a["q"], a["k"], a["v"], a["table"], a["table"]),
+        lambda a, xp, device: relattn.shaw_attention(
+            a["q"], a["k"], a["v"], a["table"], a["table"]
+        ),
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
-def test_inductor_equals_eager(name, rng):
+def test_inductor_equals_eager(torch_backend, name):
+    import torch._dynamo
+
     width, call = CALLS[name]
     torch._dynamo.reset()
-    compiled = torch.compile(call, fullgraph=True)
+    compiled = torch_backend.record.compile(call)  # torch.compile(fullgraph=True), Inductor
+    to_numpy = torch_backend.to_numpy
     results = []
     for fn in (call, compiled):
-        inputs = _inputs(np.random.default_rng(7), width)
-        out = fn(inputs)
+        inputs = _inputs(torch_backend, np.random.default_rng(7), width)
+        out = fn(inputs, torch_backend.lib, torch_backend.device)
         out.pow(2).sum().backward()
-        grads = [None if t.grad is None else t.grad.numpy() for t in inputs.values()]
-        results.append((out.detach().numpy(), grads))
+        grads = [None if t.grad is None else to_numpy(t.grad) for t in inputs.values()]
+        results.append((to_numpy(out), grads))
     (eager, eager_grads), (got, got_grads) = results
     np.testing.assert_allclose(got, eager, rtol=1e-10, atol=1e-12)
     assert [g is None for g in got_grads] == [e is None for e in eager_grads]

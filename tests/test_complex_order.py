@@ -20,11 +20,16 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
-from conftest import TOLERANCES
+from array_api_extra.testing import lazy_xp_function
+from conftest import TOLERANCES, target_fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relattn.complex_order import complex_attention, complex_linear, complex_order_embedding
+
+# Lazy on Dask, traced under jax.jit on JAX, for every backend test.
+for _function in (complex_attention, complex_linear, complex_order_embedding):
+    lazy_xp_function(_function)
 
 CDTYPE = {"float32": np.complex64, "float64": np.complex128}
 VARIANTS = [(True, "real"), (False, "modulus"), (True, "modulus"), (False, "real")]
@@ -115,10 +120,8 @@ def _cx(backend, a, dtype):
 
 
 def _assert_complex_close(backend, actual, expected, dtype):
-    assert backend.array_module_of(actual), f"{backend.name} returned a {type(actual)}"
-    got = backend.to_numpy(actual)
-    assert got.dtype == CDTYPE[dtype], f"expected {np.dtype(CDTYPE[dtype])}, got {got.dtype}"
-    np.testing.assert_allclose(got, expected, **TOLERANCES[dtype])
+    """A complex result of the precision of the real ``dtype``, at ``dtype``'s tolerances."""
+    backend.assert_close(actual, expected, dtype, result_dtype=np.dtype(CDTYPE[dtype]).name)
 
 
 def _tables(rng, *shape):
@@ -175,9 +178,8 @@ def test_embedding_half_precision_gives_complex64(backend, rng, low):
     pos = np.arange(3.0)
     args = [backend.xp.astype(backend.asarray(a, "float32"), half) for a in (r, w, theta, pos)]
     out = complex_order_embedding(*args)
-    got = backend.to_numpy(out)
-    assert got.dtype == np.complex64
-    np.testing.assert_allclose(got, _embedding_loop(r, w, theta, pos), **TOLERANCES[low])
+    expected = _embedding_loop(r, w, theta, pos)
+    backend.assert_close(out, expected, low, result_dtype="complex64")
 
 
 @settings(max_examples=15)
@@ -406,27 +408,28 @@ def _pipeline_inputs(rng):
     return (r, w, theta, pos), tuple(_c(rng, 3, 3) for _ in range(3)), mask
 
 
-def test_jit_equals_eager(backend, dtype, rng):
+def test_jit_equals_eager(jit_backend, dtype, rng):
     reals, weights, mask = _pipeline_inputs(rng)
     args = (
-        *(backend.asarray(a, dtype) for a in reals),
-        *(_cx(backend, a, dtype) for a in weights),
-        backend.asarray(mask),
+        *(jit_backend.asarray(a, dtype) for a in reals),
+        *(_cx(jit_backend, a, dtype) for a in weights),
+        jit_backend.asarray(mask),
     )
-    jitted = backend.jit(_pipeline)
+    jitted = jit_backend.jit(_pipeline)
     for eager, compiled in zip(_pipeline(*args), jitted(*args), strict=True):
-        _assert_complex_close(backend, compiled, backend.to_numpy(eager), dtype)
+        _assert_complex_close(jit_backend, compiled, jit_backend.to_numpy(eager), dtype)
 
 
-def test_jax_grad_matches_central_differences(rng):
-    jax = pytest.importorskip("jax")
+def test_jax_grad_matches_central_differences(jax_backend, rng):
+    import jax
     import jax.numpy as jnp
 
     reals, weights, mask = _pipeline_inputs(rng)
     params = [
-        jnp.asarray(a) for a in (*reals[:3], *(w.real for w in weights), *(w.imag for w in weights))
+        jax_backend.asarray(a, "float64")
+        for a in (*reals[:3], *(w.real for w in weights), *(w.imag for w in weights))
     ]
-    pos, mask = jnp.asarray(reals[3]), jnp.asarray(mask)
+    pos, mask = jax_backend.asarray(reals[3], "float64"), jax_backend.asarray(mask)
 
     def loss(params):
         r, w, theta, *parts = params
@@ -434,26 +437,26 @@ def test_jax_grad_matches_central_differences(rng):
         rel, mod = _pipeline(r, w, theta, pos, wq, wk, wv, mask)
         return jnp.sum(jnp.abs(rel) ** 2) + jnp.sum(jnp.abs(mod) ** 2)
 
-    grad = jax.jit(jax.grad(loss))(params)
-    assert all(np.isfinite(np.asarray(g)).all() for g in grad)
+    grad = [jax_backend.to_numpy(g) for g in jax.jit(jax.grad(loss))(params)]
+    assert all(np.isfinite(g).all() for g in grad)
     direction = [rng.normal(size=p.shape) for p in params]
     h = 1e-6
     plus = loss([p + h * u for p, u in zip(params, direction, strict=True)])
     minus = loss([p - h * u for p, u in zip(params, direction, strict=True)])
     numeric = (float(plus) - float(minus)) / (2 * h)
-    analytic = sum(float(np.sum(np.asarray(g) * u)) for g, u in zip(grad, direction, strict=True))
+    analytic = sum(float(np.sum(g * u)) for g, u in zip(grad, direction, strict=True))
     assert abs(analytic) > 1e-3
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("conjugate", "reduction"), VARIANTS[:2], ids=VARIANT_IDS[:2])
-def test_torch_gradcheck_complex_attention(rng, conjugate, reduction):
-    torch = pytest.importorskip("torch")
+def test_torch_gradcheck_complex_attention(torch_backend, rng, conjugate, reduction):
+    torch = torch_backend.lib
     q, k, v = (
-        torch.tensor(_c(rng, *shape), dtype=torch.complex128, requires_grad=True)
+        torch_backend.asarray(_c(rng, *shape), "complex128").requires_grad_(True)
         for shape in ((2, 3, 4), (2, 4, 4), (4, 2))
     )
-    mask = torch.tensor(rng.random((3, 4)) < 0.6)
+    mask = torch_backend.asarray(rng.random((3, 4)) < 0.6)
     mask[:, 0] = True
     mask[2] = False
 
@@ -464,12 +467,16 @@ def test_torch_gradcheck_complex_attention(rng, conjugate, reduction):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-def test_torch_gradcheck_embedding_and_linear(rng):
-    torch = pytest.importorskip("torch")
-    leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in _tables(rng, 3, 2)]
-    pos = torch.tensor([0.0, 2.0, 5.0], dtype=torch.float64)
-    weight = torch.tensor(_c(rng, 2, 3), dtype=torch.complex128, requires_grad=True)
-    bias = torch.tensor(_c(rng, 3), dtype=torch.complex128, requires_grad=True)
+def test_torch_gradcheck_embedding_and_linear(torch_backend, rng):
+    torch = torch_backend.lib
+
+    def leaf(a, dtype):
+        return torch_backend.asarray(a, dtype).requires_grad_(True)
+
+    leaves = [leaf(a, "float64") for a in _tables(rng, 3, 2)]
+    pos = torch_backend.asarray(np.array([0.0, 2.0, 5.0]), "float64")
+    weight = leaf(_c(rng, 2, 3), "complex128")
+    bias = leaf(_c(rng, 3), "complex128")
 
     def f(r, w, theta, weight, bias):
         y = complex_linear(complex_order_embedding(r, w, theta, pos), weight, bias=bias)
@@ -623,11 +630,11 @@ def test_bad_input(backend, make, error, match):
         make(backend)
 
 
-def test_mixed_libraries_raise():
-    torch = pytest.importorskip("torch")
+def test_mixed_libraries_raise(torch_backend):
     q = np.ones((3, 4), complex)
+    k = torch_backend.asarray(q)
     with pytest.raises(TypeError, match=r"different libraries.*q is a numpy.*k is a torch"):
-        complex_attention(q, torch.ones((3, 4), dtype=torch.complex128), q)
+        complex_attention(q, k, q)
 
 
 class _InfoWithout:
@@ -682,11 +689,13 @@ def _load_example():
     return module
 
 
-def test_example_recipe_matches_reference(backend):
-    if backend.gpu:
-        pytest.skip("the recipe returns NumPy arrays through np.asarray (host arrays)")
+#: The recipe returns NumPy arrays through np.asarray (host arrays).
+cpu_backend = target_fixture("cpu_backend", lambda t: not t.gpu)
+
+
+def test_example_recipe_matches_reference(cpu_backend):
     example = _load_example()
-    results = example.run(backend.lib, seed=3)
+    results = example.run(cpu_backend.lib, seed=3)
     a = example.inputs(seed=3)
     tokens = a["tokens"]
     x = _embedding_loop(

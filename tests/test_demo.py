@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -9,7 +10,19 @@ import sys
 import pytest
 
 from relattn.__main__ import main
-from relattn.demo import SCHEMES, TOLERANCES, Config, byte_tokens, demo, exceeds, zen_of_python
+from relattn.backends import MODULES
+from relattn.demo import (
+    SCHEMES,
+    TOLERANCES,
+    Config,
+    byte_tokens,
+    config_problem,
+    default_device,
+    demo,
+    exceeds,
+    find_backends,
+    zen_of_python,
+)
 
 
 def test_zen_of_python_is_the_default_text():
@@ -61,6 +74,146 @@ def test_exceeds_measures_tolerance_violation():
     want = np.ones(3)
     assert exceeds(want + 0.5 * (atol + rtol), want, "float32") < 0
     assert exceeds(want + 2 * (atol + rtol), want, "float32") > 0
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_config_problem_is_what_each_encoder_needs(scheme):
+    """The command line refuses exactly the d_model / heads an encoder cannot run."""
+    for d_model, heads in itertools.product((1, 2, 3, 4, 6, 8), (1, 2, 3, 4)):
+        config = Config(segment=4, memory=4, d_model=d_model, heads=heads, layers=1, radius=2)
+        problem = config_problem(config, [scheme])
+        try:
+            demo(["numpy"], "relattn!", "text", config, schemes=[scheme], out=lambda *a: None)
+        except ValueError as e:
+            assert problem is not None, (d_model, heads, e)
+        else:
+            assert problem is None, (d_model, heads, problem)
+
+
+def test_config_problem_names_the_flags_given():
+    problem = config_problem(Config(d_model=6, heads=2), list(SCHEMES))
+    assert problem is not None
+    assert problem.startswith("--d-model 6 / --heads 2 gives a head size of 3; it must be even")
+    assert problem.endswith("needed by --scheme tener, rope)")
+    assert config_problem(Config(d_model=6, heads=2), ["absolute", "shaw", "disan"]) is None
+    assert config_problem(Config(d_model=6, heads=2), ["t5", "alibi", "deberta"]) is None
+    assert "RoPE" in config_problem(Config(d_model=6, heads=2), ["rope"])
+    assert "--heads 3" in config_problem(Config(d_model=64, heads=3), ["shaw"])
+    for scheme in ("t5", "alibi", "rope", "deberta"):
+        problem = config_problem(Config(d_model=64, heads=3), [scheme])
+        assert problem == (
+            "--d-model 64 is not a multiple of --heads 3 "
+            f"(equal heads, needed by --scheme {scheme})"
+        )
+    assert config_problem(Config(d_model=64, heads=3), ["disan"]) is None
+
+
+def test_header_names_the_schemes_with_memory():
+    lines = []
+    demo(
+        ["numpy"], "relattn", "text", Config(segment=4, memory=3), schemes=["t5"], out=lines.append
+    )
+    assert "segment 4, memory 3 (xl, alibi, rope)" in lines[0]
+
+
+def test_twins_transcribe_the_papers_code():
+    """The naive twins' own bucket and slope code gives the library docstrings' values."""
+    import numpy as np
+
+    from relattn.demo.models import deberta_bucket, pair_distances, press_slopes, t5_bucket
+
+    d = np.array([-200, -20, -3, 0, 3, 20, 200])
+    assert t5_bucket(d, 8, 20).tolist() == [3, 3, 2, 0, 6, 7, 7]
+    d = np.array([-300, -5, 0, 3, 10, 300])
+    assert deberta_bucket(d, 8, 64).tolist() == [-9, -5, 0, 3, 5, 9]
+    assert [256 * m for m in press_slopes(3)] == [16, 1, 64]
+    assert [256 * m for m in press_slopes(4)] == [64, 16, 4, 1]
+    assert pair_distances(2, 3).tolist() == [[-1, 0, 1], [-2, -1, 0]]
+
+
+def _flip_sign(function):
+    return lambda distances, **options: function(-distances, **options)
+
+
+def _reversed_slopes(heads, **options):
+    import relattn
+
+    return relattn.alibi_slopes(heads, **options)[::-1]
+
+
+def _positions_from_zero(x, positions, **options):
+    """RoPE without the memory's and the segment's offset: every row from 0."""
+    import relattn
+
+    return relattn.rotary_position_embedding(x, **options)
+
+
+def _swapped_tables(q, k, v, key_table, query_table, **options):
+    import relattn
+
+    return relattn.disentangled_attention(q, k, v, query_table, key_table, **options)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "name", "broken"),
+    [
+        ("t5", "relative_position_bucket", "sign"),
+        ("alibi", "alibi_slopes", _reversed_slopes),
+        ("rope", "rotary_position_embedding", _positions_from_zero),
+        ("deberta", "log_bucket_position", "sign"),
+        ("deberta", "disentangled_attention", _swapped_tables),
+    ],
+)
+def test_naive_twin_does_not_call_the_function_it_checks(scheme, name, broken, monkeypatch):
+    """Break the relattn function a scheme demonstrates: its naive twin must disagree."""
+    import relattn.demo.models as models
+
+    function = getattr(models, name)
+    monkeypatch.setattr(models, name, _flip_sign(function) if broken == "sign" else broken)
+    config = Config(segment=40, memory=24)  # DeBERTa's clip (|δ| > 31) and the memory
+    text = "Flat is better than nested. Sparse is better than dense."
+    assert not demo(["numpy"], text, "text", config, "float64", [scheme], out=lambda *a: None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rope_runs_at_text_positions_and_alternates_layouts(dtype):
+    """RoPE's output depends on the positions only through distances (up to rounding)."""
+    import numpy as np
+
+    from relattn.backends import namespace_of_module
+    from relattn.demo.models import RotaryEncoder
+
+    xp = namespace_of_module(None)
+    config = Config(segment=8, memory=8, layers=2)
+    encoder = RotaryEncoder(config, xp, getattr(xp, dtype))
+    assert [p["layout"] for p in encoder.layers] == ["concatenated", "interleaved"]
+    h = encoder.embed(byte_tokens("position"))
+    at_0, _ = encoder.step(h, [None, None], start=0)
+    at_500, _ = encoder.step(h, [None, None], start=500)
+    assert not np.array_equal(at_0, at_500)  # the start reaches the rotation ...
+    rtol, atol = TOLERANCES[dtype]
+    assert np.allclose(at_0, at_500, rtol=rtol, atol=atol)  # ... and cancels in q·k
+
+
+def test_find_backends_reports_why_it_skips():
+    found, skipped = find_backends(list(MODULES))
+    assert "numpy" in found and "numpy" not in skipped
+    assert set(found) | set(skipped) == set(MODULES)
+    assert not set(found) & set(skipped)
+    for reason in skipped.values():
+        assert reason.startswith(("not installed (", "cannot be imported (", "no usable device ("))
+        assert "\n" not in reason
+
+
+def test_default_device_falls_back_to_cpu_and_says_why_not():
+    from relattn.backends import Backend
+
+    def gpu_only(kind):
+        raise LookupError(f"no {kind} here")
+
+    assert default_device(Backend("numpy", "numpy", "numpy")) is None
+    with pytest.raises(LookupError, match="no gpu here"):
+        default_device(Backend("x", "x", "x", device=gpu_only))
 
 
 def test_info_lists_backends(capsys):

@@ -14,11 +14,15 @@ import array_api_compat
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from conftest import TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relattn import sinusoidal_position_encoding
+
+# Lazy on Dask, traced under jax.jit on JAX, for every backend test.
+lazy_xp_function(sinusoidal_position_encoding)
 
 LAYOUTS = ["interleaved", "concatenated"]
 

@@ -24,9 +24,9 @@ import pytest
 from conftest import TOLERANCES
 
 import relattn
-import relattn.attention
-from relattn.attention import attend, attend_generic
+import relattn.core
 from relattn.backends import backend_for
+from relattn.core import attend, attend_generic
 from relattn.shift import shift
 
 SHAPES = [(1, 1), (1, 6), (3, 3), (3, 7), (6, 3), (5, 5), (8, 13)]
@@ -58,11 +58,12 @@ def test_fill_does_not_touch_the_full_layout(backend, lq, lk, rng):
 # --------------------------------------------------------------------------------------------
 
 
-def _fused_or_skip(backend):
-    fused = backend_for(backend.xp).fused_attention
-    if fused is None:
+@pytest.fixture
+def fused_backend(backend):
+    """The backends whose Backend record has a fused attention kernel."""
+    if backend_for(backend.xp).fused_attention is None:
         pytest.skip(f"{backend.name} has no fused attention kernel: the generic path is all")
-    return fused
+    return backend
 
 
 def _attention_inputs(rng, case, dv=6):
@@ -93,16 +94,15 @@ def _to_backend(backend, dtype, arrays):
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("fdtype", ["float16", "bfloat16", "float32", "float64"])
-def test_attend_fused_equals_generic(backend, fdtype, case, rng):
-    _fused_or_skip(backend)
-    backend.dtype(fdtype)
-    q, k, v, bias, mask = _to_backend(backend, fdtype, _attention_inputs(rng, case))
-    fast = attend(q, k, v, bias, mask, 0.4, backend.xp)
-    plain = attend_generic(q, k, v, bias, mask, 0.4, backend.xp)
+def test_attend_fused_equals_generic(fused_backend, fdtype, case, rng):
+    fused_backend.dtype(fdtype)
+    q, k, v, bias, mask = _to_backend(fused_backend, fdtype, _attention_inputs(rng, case))
+    fast = attend(q, k, v, bias, mask, 0.4, fused_backend.xp)
+    plain = attend_generic(q, k, v, bias, mask, 0.4, fused_backend.xp)
     assert fast.dtype == plain.dtype
     assert fast.shape == plain.shape
-    assert backend.array_module_of(fast)
-    got, want = backend.to_numpy(fast), backend.to_numpy(plain)
+    assert fused_backend.array_module_of(fast)
+    got, want = fused_backend.to_numpy(fast), fused_backend.to_numpy(plain)
     np.testing.assert_allclose(got, want, **TOLERANCES[fdtype])
     if mask is not None:
         assert not np.isnan(got).any()
@@ -110,18 +110,15 @@ def test_attend_fused_equals_generic(backend, fdtype, case, rng):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_attend_fused_gradients_equal_generic(backend, case, rng):
-    _fused_or_skip(backend)
-    if not backend.is_torch:
-        pytest.skip(f"{backend.name}: the fused gradient test is written for torch autograd")
-    arrays = _to_backend(backend, "float64", _attention_inputs(rng, case))
+def test_attend_fused_gradients_equal_generic(torch_backend, case, rng):
+    arrays = _to_backend(torch_backend, "float64", _attention_inputs(rng, case))
     grads = []
     for fn in (attend, attend_generic):
         leaves = [None if a is None else a.detach().clone().requires_grad_() for a in arrays[:4]]
         leaves.append(arrays[4])  # the boolean mask
-        out = fn(*leaves, 0.4, backend.xp)
+        out = fn(*leaves, 0.4, torch_backend.xp)
         out.pow(2).sum().backward()
-        grads.append([None if a is None else backend.to_numpy(a.grad) for a in leaves[:4]])
+        grads.append([None if a is None else torch_backend.to_numpy(a.grad) for a in leaves[:4]])
     for fast, plain in zip(*grads, strict=True):
         if plain is not None:
             np.testing.assert_allclose(fast, plain, rtol=1e-10, atol=1e-12)
@@ -129,28 +126,24 @@ def test_attend_fused_gradients_equal_generic(backend, case, rng):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_jax_dot_product_attention_adapter_equals_generic(case, rng):
+def test_jax_dot_product_attention_adapter_equals_generic(jax_backend, case, rng):
     """The cuDNN route's adapter, run with JAX's XLA implementation on whatever device."""
-    jnp = pytest.importorskip("jax.numpy")
     from relattn.backends._jax import dot_product_attention
 
-    args = [None if a is None else jnp.asarray(a, jnp.float32 if a.dtype.kind == "f" else None)
-            for a in _attention_inputs(rng, case, dv=8)]  # fmt: skip
-    q, k, v, bias, mask = args
+    q, k, v, bias, mask = _to_backend(jax_backend, "float32", _attention_inputs(rng, case, dv=8))
     fast = dot_product_attention(q, k, v, bias=bias, mask=mask, scale=0.4, implementation="xla")
     if "broadcast" in case:
         assert fast is None  # JAX wants one batch size: relattn's generic path runs
         return
-    plain = attend_generic(q, k, v, bias, mask, 0.4, jnp)
-    np.testing.assert_allclose(np.asarray(fast), np.asarray(plain), **TOLERANCES["float32"])
+    plain = attend_generic(q, k, v, bias, mask, 0.4, jax_backend.xp)
+    jax_backend.assert_close(fast, jax_backend.to_numpy(plain), "float32")
 
 
-def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(rng):
-    jnp = pytest.importorskip("jax.numpy")
+def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(jax_backend, rng):
     from relattn.backends._jax import dot_product_attention
 
     def call(*shapes):
-        q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in shapes)
+        q, k, v = (jax_backend.asarray(rng.normal(size=s), "float32") for s in shapes)
         return dot_product_attention(q, k, v, bias=None, mask=None, scale=1.0)
 
     assert call((5, 8), (7, 8), (7, 8)) is None  # not (B, H, L, d)
@@ -159,13 +152,13 @@ def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(rng):
 
 @pytest.fixture
 def generic_only(monkeypatch):
-    """relattn.attention with every backend's fused kernel switched off."""
-    real = relattn.attention.backend_for
+    """relattn.core with every backend's fused kernel switched off."""
+    real = relattn.core.backend_for
 
     def without_fused(xp):
         return dataclasses.replace(real(xp), fused_attention=None)
 
-    monkeypatch.setattr(relattn.attention, "backend_for", without_fused)
+    monkeypatch.setattr(relattn.core, "backend_for", without_fused)
 
 
 def _relative_call(backend, rng, layout, with_mask):
@@ -193,25 +186,23 @@ def _relative_call(backend, rng, layout, with_mask):
 
 @pytest.mark.parametrize("layout", ["causal", "full"])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_relative_attention_fast_equals_generic(backend, layout, with_mask, rng, request):
-    _fused_or_skip(backend)
-    call = _relative_call(backend, rng, layout, with_mask)
-    fast = backend.to_numpy(call())
+def test_relative_attention_fast_equals_generic(fused_backend, layout, with_mask, rng, request):
+    call = _relative_call(fused_backend, rng, layout, with_mask)
+    fast = fused_backend.to_numpy(call())
     request.getfixturevalue("generic_only")
-    plain = backend.to_numpy(call())
+    plain = fused_backend.to_numpy(call())
     np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
 
 
-def test_scaled_dot_product_attention_fast_equals_generic(backend, rng, request):
-    _fused_or_skip(backend)
-    q, k, v, bias, mask = _to_backend(backend, "float64", _attention_inputs(rng, "bias+mask"))
+def test_scaled_dot_product_attention_fast_equals_generic(fused_backend, rng, request):
+    q, k, v, bias, mask = _to_backend(fused_backend, "float64", _attention_inputs(rng, "bias+mask"))
 
     def call():
         return relattn.scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
 
-    fast = backend.to_numpy(call())
+    fast = fused_backend.to_numpy(call())
     request.getfixturevalue("generic_only")
-    plain = backend.to_numpy(call())
+    plain = fused_backend.to_numpy(call())
     np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
     np.testing.assert_array_equal(fast[0, :, 1], 0)
 

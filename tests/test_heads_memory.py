@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from array_api_extra.testing import lazy_xp_function
 
 import relattn
+
+# Lazy on Dask (no graph computed), traced under jax.jit on JAX, for every backend test.
+lazy_xp_modules = [relattn]
+for _function in (
+    relattn.split_heads,
+    relattn.merge_heads,
+    relattn.update_memory,
+    relattn.stop_gradient,
+    relattn.scaled_dot_product_attention,
+):
+    lazy_xp_function(_function)
 
 # -- split / merge heads ------------------------------------------------------------------------
 
@@ -214,65 +226,61 @@ def test_stop_gradient_values(backend, dtype, rng):
     np.testing.assert_array_equal(got, x.astype(dtype))
 
 
-def test_stop_gradient_torch(backend, dtype, rng):
-    if not backend.is_torch:
-        pytest.skip("torch autograd test")
-    x = backend.asarray(rng.normal(size=(3, 2)), dtype).requires_grad_(True)
+def test_stop_gradient_torch(torch_backend, dtype, rng):
+    to_numpy = torch_backend.to_numpy
+    x = torch_backend.asarray(rng.normal(size=(3, 2)), dtype).requires_grad_(True)
     sg = relattn.stop_gradient(x)
     assert not sg.requires_grad
     # d/dx sum(x * SG(x)) = SG(x) = x, not 2x
     (x * relattn.stop_gradient(x)).sum().backward()
-    np.testing.assert_array_equal(backend.to_numpy(x.grad), backend.to_numpy(x))
+    np.testing.assert_array_equal(to_numpy(x.grad), to_numpy(x))
     # without stop_gradient the gradient would be 2x
     x.grad = None
     (x * x).sum().backward()
-    np.testing.assert_array_equal(backend.to_numpy(x.grad), 2 * backend.to_numpy(x))
+    np.testing.assert_array_equal(to_numpy(x.grad), 2 * to_numpy(x))
 
 
-def test_stop_gradient_jax(backend, dtype, rng):
-    if not backend.is_jax:
-        pytest.skip("jax.grad test")
+def test_stop_gradient_jax(jax_backend, dtype, rng):
     import jax
 
-    x = backend.asarray(rng.normal(size=(3, 2)), dtype)
+    to_numpy = jax_backend.to_numpy
+    x = jax_backend.asarray(rng.normal(size=(3, 2)), dtype)
     grad = jax.grad(lambda a: (a * relattn.stop_gradient(a)).sum())(x)
-    np.testing.assert_array_equal(np.asarray(grad), np.asarray(x))
+    np.testing.assert_array_equal(to_numpy(grad), to_numpy(x))
     plain = jax.grad(lambda a: (a * a).sum())(x)
-    np.testing.assert_array_equal(np.asarray(plain), 2 * np.asarray(x))
+    np.testing.assert_array_equal(to_numpy(plain), 2 * to_numpy(x))
 
 
-def test_update_memory_cut_from_gradient_torch(backend, dtype, rng):
-    if not backend.is_torch:
-        pytest.skip("torch autograd test")
-    memory = backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
-    hidden = backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
+def test_update_memory_cut_from_gradient_torch(torch_backend, dtype, rng):
+    to_numpy = torch_backend.to_numpy
+    memory = torch_backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
+    hidden = torch_backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
     new = relattn.update_memory(memory, hidden, 4)  # keeps all of concat(memory, hidden)
     assert not new.requires_grad
     loss = (new[:2] * memory).sum() + (new[2:] * hidden).sum()
     loss.backward()
     # only the direct factor contributes: grad = the other factor's values = the inputs
-    np.testing.assert_array_equal(backend.to_numpy(memory.grad), backend.to_numpy(memory))
-    np.testing.assert_array_equal(backend.to_numpy(hidden.grad), backend.to_numpy(hidden))
+    np.testing.assert_array_equal(to_numpy(memory.grad), to_numpy(memory))
+    np.testing.assert_array_equal(to_numpy(hidden.grad), to_numpy(hidden))
     # None memory: the result is hidden, detached
     h2 = relattn.update_memory(None, hidden, 1)
     assert not h2.requires_grad
 
 
-def test_update_memory_cut_from_gradient_jax(backend, dtype, rng):
-    if not backend.is_jax:
-        pytest.skip("jax.grad test")
+def test_update_memory_cut_from_gradient_jax(jax_backend, dtype, rng):
     import jax
 
-    memory = backend.asarray(rng.normal(size=(2, 3)), dtype)
-    hidden = backend.asarray(rng.normal(size=(2, 3)), dtype)
+    to_numpy = jax_backend.to_numpy
+    memory = jax_backend.asarray(rng.normal(size=(2, 3)), dtype)
+    hidden = jax_backend.asarray(rng.normal(size=(2, 3)), dtype)
 
     def loss(m, h):
         new = relattn.update_memory(m, h, 4)
         return (new[:2] * m).sum() + (new[2:] * h).sum()
 
     gm, gh = jax.grad(loss, argnums=(0, 1))(memory, hidden)
-    np.testing.assert_array_equal(np.asarray(gm), np.asarray(memory))
-    np.testing.assert_array_equal(np.asarray(gh), np.asarray(hidden))
+    np.testing.assert_array_equal(to_numpy(gm), to_numpy(memory))
+    np.testing.assert_array_equal(to_numpy(gh), to_numpy(hidden))
     # with M cutting into the segment, the discarded memory gets no gradient through the cache
     g_only = jax.grad(lambda m: relattn.update_memory(m, hidden, 3).sum())(memory)
-    np.testing.assert_array_equal(np.asarray(g_only), np.zeros((2, 3)))
+    np.testing.assert_array_equal(to_numpy(g_only), np.zeros((2, 3)))

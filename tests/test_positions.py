@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,17 @@ from relattn import (
     relative_scores,
     relative_table,
 )
+
+# Lazy on Dask, traced under jax.jit on JAX, for every backend test.
+for _function in (
+    rel_shift,
+    rel_unshift,
+    relative_distances,
+    relative_positions,
+    relative_scores,
+    relative_table,
+):
+    lazy_xp_function(_function)
 
 LENGTHS = [(1, 1), (1, 4), (4, 1), (3, 3), (2, 5), (5, 2), (6, 6)]
 RADII = [0, 1, 3]

@@ -12,13 +12,11 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import pytest
 import reference
 
 import relattn
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
-RECIPE_BACKENDS = ("numpy", "array_api_strict", "torch", "jax")
 
 
 def load_example(name):
@@ -26,13 +24,6 @@ def load_example(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def recipe_backend(backend):
-    if backend.name not in RECIPE_BACKENDS:
-        pytest.skip(f"{backend.name}: recipes run on {', '.join(RECIPE_BACKENDS)}")
-    return backend
 
 
 def _per_head(x, heads):

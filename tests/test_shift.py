@@ -11,10 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
+from array_api_extra.testing import lazy_xp_function
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relattn import rel_shift, rel_unshift
+
+# Lazy on Dask, traced under jax.jit on JAX, for every backend test.
+lazy_xp_function(rel_shift)
+lazy_xp_function(rel_unshift)
 
 #: Examples per backend and dtype. JAX compiles every new shape and Dask builds a graph per
 #: call, so they get fewer; the NumPy-only test below runs thousands.

@@ -73,11 +73,11 @@ def test_short_memory_differs_from_whole_sequence(problem):
     assert np.max(np.abs(got[short.segment :] - expected[short.segment :])) > 1e-3
 
 
-def test_memory_is_cut_from_gradients_torch():
-    torch = pytest.importorskip("torch")
+def test_memory_is_cut_from_gradients_torch(torch_backend):
     config = Config(segment=4, memory=4, d_model=8, heads=2, layers=1)
-    xp = relattn.backends.namespace_of_module(torch)
-    encoder = TransformerXLEncoder(config, xp, torch.float64)
+    encoder = TransformerXLEncoder(
+        config, torch_backend.xp, torch_backend.dtype("float64"), torch_backend.device
+    )
     tokens = np.arange(8)
     h1 = encoder.embed(tokens[:4]).requires_grad_(True)
     _, memories = encoder.step(h1, [None])

@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import attention, common, native, relative_attention, shaw, shift
+import numpy as np
+
+from . import attention, biases, blockwise, common, native, relative_attention, rotary, shaw, shift
 
 
 class _Native(common._Topic):
@@ -34,7 +36,7 @@ class _Native(common._Topic):
         native.check(backend)
         super().setup(backend, *params)
         self.theirs = self.native_call(self.backend, self.arrays, *params)
-        self.backend.record.ready(self.theirs())
+        common.ready(self.backend, self.theirs())
 
 
 class _VsNative(_Native):
@@ -47,7 +49,7 @@ class _VsNative(_Native):
     unit = "relattn/native"
 
     def time_native(self, *params: Any) -> None:
-        self.backend.record.ready(self.theirs())
+        common.ready(self.backend, self.theirs())
 
     def track_ratio_to_native(self, *params: Any) -> float:
         """Median time of relattn over median time of the native code, side by side."""
@@ -141,3 +143,94 @@ class ShawMaterialisedHostMemory(shaw.ShawHostMemory):
     """Traced peak (MiB) of tensor2tensor's Shaw attention, as ``shaw.ShawHostMemory``."""
 
     params = [("materialised",), shaw.MEMORY_LENGTHS]
+
+
+# -- rotary_position_embedding: HF's rotate_half ------------------------------
+
+
+class RotaryVsNative(rotary._Rotary, _VsNative):
+    """relattn's RoPE of ``q`` and ``k`` against HF's ``apply_rotary_pos_emb`` (``rotate_half``).
+
+    The native call is given the ``cos``/``sin (L, d)`` tables, computed once
+    in ``setup`` as HF's model computes them once per forward pass; relattn
+    forms its angles in every call.
+    """
+
+    unit = "relattn/rotate_half"
+
+    def native_call(self, backend, arrays, query_length):
+        cos, sin = native.rotary_tables(backend, query_length)
+        fn = native.native("rotary_position_embedding", backend)
+        return functools.partial(fn, arrays["q"], arrays["k"], cos, sin)
+
+
+# -- T5's bias: materialised (H, L, L), then the fused kernels ----------------
+
+
+class T5AttentionVsNative(biases._T5, _VsNative):
+    """relattn (``W·H`` values, ``relative_bias=``) against HF T5's ``(H, L, L)`` bias + SDPA.
+
+    Both calls gather the ``(32, H)`` table at precomputed bucket indices: relattn
+    at the ``2L - 1`` distances, the native code at the ``L²`` pairs
+    (``native.t5_pair_buckets``), then ``F.scaled_dot_product_attention`` with
+    ``attn_mask=bias``, ``jax.nn.dot_product_attention`` with ``bias``, or NumPy.
+    """
+
+    unit = "relattn/materialised"
+
+    def native_call(self, backend, arrays, query_length):
+        pairs = native.t5_pairs(backend, query_length)
+        args = (arrays["q"], arrays["k"], arrays["v"], arrays["table"], pairs)
+        return functools.partial(native.native("t5_attention", backend), *args)
+
+
+# -- FlexAttention: torch.compile'd score_mod and block mask ------------------
+
+#: ``L`` of the FlexAttention comparison (compiling takes a minute or more on a CPU).
+FLEX_LENGTHS = (1024,) if common.QUICK else (1024, 4096)
+
+
+class FlexAttentionVsBlockwise:
+    """PyTorch's FlexAttention against relattn's blockwise path (``block_size=512``), CPU.
+
+    Causal Transformer-XL, ``B = 1``, ``H = 8``, ``d = 64``, float32
+    (``blockwise.Blockwise``'s inputs): ``native.torch_flex_transformer_xl``,
+    compiled in ``setup`` (``torch.compile(flex_attention, dynamic=False)``) and
+    checked against relattn there. ``time_native``: FlexAttention's call;
+    ``track_ratio_to_native``: relattn's median time over FlexAttention's.
+    Skipped where PyTorch has no FlexAttention or compiling it fails.
+    """
+
+    params = [FLEX_LENGTHS]
+    param_names = ["length"]
+    timeout = 1800
+    unit = "relattn/flex"
+
+    def setup(self, length):
+        blockwise.require_block_size()
+        self.backend = common.get_backend("torch")
+        arrays = common.on(self.backend, blockwise.long_sequences().inputs(length))
+        self.ours = blockwise.long_call(self.backend, arrays, blockwise.BLOCK_SIZE)
+        names = ("q", "k", "v", "table", "u", "w")
+        try:
+            self.theirs = native.torch_flex_transformer_xl(*(arrays[n] for n in names))
+            theirs = self.theirs()
+        except ImportError as e:
+            raise NotImplementedError(f"no FlexAttention in this PyTorch: {e}") from None
+        except Exception as e:  # torch.compile's errors have no common base class
+            raise NotImplementedError(
+                f"torch.compile(flex_attention) failed: {type(e).__name__}: {e}"[:500]
+            ) from None
+        np.testing.assert_allclose(
+            self.backend.record.to_host(theirs),
+            self.backend.record.to_host(self.ours()),
+            rtol=1e-3,
+            atol=1e-4,
+            err_msg="FlexAttention differs from relattn's blockwise path",
+        )
+
+    def time_native(self, length):
+        self.theirs()
+
+    def track_ratio_to_native(self, length):
+        return common.median_ratio(self.ours, self.theirs, self.backend)[0]

@@ -16,6 +16,10 @@ giving only their ``params`` and the two methods of :class:`_Topic`, which
 build relattn's call. The native baselines (``baselines.py``) subclass a
 topic's class and add the native call.
 
+relattn calls of more than one function, :func:`rotary_qk` (RoPE of ``q``
+and ``k``) and :func:`t5_attention` (T5's table gathered per distance, then
+attention), are defined here, for the topic modules and ``native.check`` alike.
+
 What is library-specific (host copies, waiting for a device, ``jax.jit``,
 device look-up, GPU memory counters) comes from :mod:`relattn.backends`;
 this module only says which backends the benchmarks run (:data:`BACKENDS`:
@@ -167,6 +171,15 @@ def _import_libraries() -> None:
 _import_libraries()
 
 
+def require(*functions: str) -> None:
+    """``NotImplementedError`` (a skip) where this relattn lacks one of ``functions``."""
+    import relattn
+
+    missing = [name for name in functions if not hasattr(relattn, name)]
+    if missing:  # an older commit, in `asv continuous` or `asv run A..B`
+        raise NotImplementedError(f"relattn {relattn.__version__} has no {', '.join(missing)}")
+
+
 def relattn_function(function: str, backend: Target, **static: Any) -> Any:
     """relattn's ``function`` with ``static`` keywords bound, through ``backend.record.jit``.
 
@@ -175,10 +188,34 @@ def relattn_function(function: str, backend: Target, **static: Any) -> Any:
     """
     import relattn
 
-    fn = getattr(relattn, function, None)
-    if fn is None:  # an older commit, in `asv continuous` or `asv run A..B`
-        raise NotImplementedError(f"relattn {relattn.__version__} has no {function}")
+    require(function)
+    fn = getattr(relattn, function)
     return backend.record.jit(functools.partial(fn, **static) if static else fn)
+
+
+def rotary_qk(q: Any, k: Any) -> tuple[Any, Any]:
+    """relattn's RoPE of ``q`` and ``k`` at positions ``0 … L-1``, LLaMA's concatenated layout."""
+    from relattn import rotary_position_embedding
+
+    return (
+        rotary_position_embedding(q, layout="concatenated"),
+        rotary_position_embedding(k, layout="concatenated"),
+    )
+
+
+def t5_attention(q: Any, k: Any, v: Any, table: Any, buckets: Any) -> Any:
+    """T5's attention with relattn: the table gathered per distance, then ``relative_bias=``.
+
+    ``table (num_buckets, H)`` (HF's ``relative_attention_bias`` embedding),
+    ``buckets (W,)`` the bucket of each column of the full layout: ``W·H``
+    values gathered, no ``(H, Lq, Lk)`` bias. T5 does not scale its scores.
+    """
+    import array_api_compat
+    from relattn import scaled_dot_product_attention
+
+    xp = array_api_compat.array_namespace(table)
+    values = xp.permute_dims(xp.take(table, buckets, axis=0), (1, 0))  # (H, W)
+    return scaled_dot_product_attention(q, k, v, relative_bias=values, scale=1.0)
 
 
 # -- inputs ------------------------------------------------------------
@@ -231,6 +268,40 @@ def bias_inputs(query_length: int, key_len: int | None = None) -> dict:
     return arrays
 
 
+def rotary_inputs(length: int) -> dict:
+    """NumPy float32 ``q``, ``k (B, H, L, d)``: what RoPE rotates."""
+    rng = np.random.default_rng(7)
+    return {
+        "q": normal(rng, BATCH, HEADS, length, D_HEAD),
+        "k": normal(rng, BATCH, HEADS, length, D_HEAD),
+    }
+
+
+#: T5's buckets (``num_buckets``, ``max_distance``; bidirectional: the encoder).
+T5_BUCKETS, T5_MAX_DISTANCE = 32, 128
+
+
+def t5_inputs(length: int) -> dict:
+    """:func:`attention_inputs` with ``Lq = Lk = length``, T5's table and bucket indices.
+
+    ``table (32, H)``; ``buckets (W,)`` (``W = 2L - 1``) is relattn's
+    ``relative_position_bucket`` of each distance of the full layout, int64,
+    computed here once (it depends on ``L`` alone). The native baseline's
+    ``(L, L)`` indices are ``native.t5_pair_buckets``.
+    """
+    from relattn import relative_distances, relative_position_bucket
+
+    arrays = attention_inputs(length, length)
+    rng = np.random.default_rng(6)
+    arrays["table"] = normal(rng, T5_BUCKETS, HEADS)
+    distances = relative_distances(length, length)
+    buckets = relative_position_bucket(
+        distances, num_buckets=T5_BUCKETS, max_distance=T5_MAX_DISTANCE
+    )
+    arrays["buckets"] = np.asarray(buckets, dtype=np.int64)
+    return arrays
+
+
 #: Arrays whose leading axis is the batch (Dask chunks them along it).
 BATCHED = ("q", "k", "v", "h")
 #: The arrays of a relative-attention call, in the native functions' order.
@@ -247,10 +318,17 @@ def repeats() -> int:
     return 3 if QUICK else 7
 
 
+def ready(backend: Target, out: Any) -> Any:
+    """Wait for ``out``, one array or a tuple of them (RoPE returns ``q`` and ``k``)."""
+    if isinstance(out, tuple):
+        return tuple(backend.record.ready(x) for x in out)
+    return backend.record.ready(out)
+
+
 def timed(fn: Callable[[], Any], backend: Target) -> float:
     """Seconds for one call of ``fn``, waiting for its result."""
     start = time.perf_counter()
-    backend.record.ready(fn())
+    ready(backend, fn())
     return time.perf_counter() - start
 
 
@@ -264,8 +342,8 @@ def median_ratio(
     state hit both alike.
     """
     n = repeats() if n is None else n
-    backend.record.ready(fn())
-    backend.record.ready(baseline())
+    ready(backend, fn())
+    ready(backend, baseline())
     ours, theirs = [], []
     for _ in range(n):
         ours.append(timed(fn, backend))
@@ -312,17 +390,17 @@ class _Topic:
         self.backend = get_backend(backend)
         self.arrays = self.inputs(self.backend, *params)
         self.ours = self.call(self.backend, self.arrays, *params)
-        self.backend.record.ready(self.ours())  # compile (jax.jit) and touch the memory once
+        ready(self.backend, self.ours())  # compile (jax.jit) and touch the memory once
 
 
 class _Speed(_Topic):
     """Speed and host peak memory of relattn on every backend."""
 
     def time_relattn(self, *params: Any) -> None:
-        self.backend.record.ready(self.ours())
+        ready(self.backend, self.ours())
 
     def peakmem_relattn(self, *params: Any) -> None:
-        self.backend.record.ready(self.ours())
+        ready(self.backend, self.ours())
 
 
 class _GPUMemory(_Topic):
@@ -335,3 +413,36 @@ class _GPUMemory(_Topic):
         return self.backend.peak_device_bytes(self.ours)
 
     track_gpu_peak_bytes.unit = "bytes"
+
+
+class _Constant:
+    """Time of one of relattn's constant makers, ``function(count, xp=…, device=…)``.
+
+    ``inverse_frequencies`` and ``alibi_slopes`` return a few numbers that a
+    model computes once; their time is relattn's argument checks and the
+    library's call overhead. Called eagerly (under ``jax.jit`` they would be
+    compile-time constants), with the backend's library as ``xp`` and its device.
+    """
+
+    params = [BACKENDS]
+    param_names = ["backend"]
+    timeout = 60
+    #: The relattn function and its one positional argument.
+    function = ""
+    count = 0
+
+    def setup(self, backend: str) -> None:
+        require(self.function)
+        import relattn
+
+        self.backend = get_backend(backend)
+        self.call = functools.partial(
+            getattr(relattn, self.function),
+            self.count,
+            xp=self.backend.lib,
+            device=self.backend.device,
+        )
+        ready(self.backend, self.call())
+
+    def time_relattn(self, backend: str) -> None:
+        ready(self.backend, self.call())

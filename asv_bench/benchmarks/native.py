@@ -12,10 +12,22 @@ These are what a user would write without relattn, in the library's own API
   ``jax.nn.dot_product_attention`` (and plain NumPy);
 - Shaw et al. 2018 as tensor2tensor computes it
   (``dot_product_attention_relative``): the clipped tables gathered into
-  ``(Lq, Lk, d)`` tensors per pair.
+  ``(Lq, Lk, d)`` tensors per pair;
+- RoPE as Hugging Face's LLaMA applies it (``apply_rotary_pos_emb`` with
+  ``rotate_half``, the concatenated layout) on ``q`` and ``k``, given the
+  ``cos`` and ``sin`` tables that ``LlamaRotaryEmbedding`` computes once per
+  forward pass (in float32) and every layer shares;
+- causal Transformer-XL attention through PyTorch's FlexAttention (a
+  ``score_mod`` and a causal block mask, :func:`torch_flex_transformer_xl`),
+  checked against relattn where it runs (``baselines.FlexAttentionVsBlockwise``);
+- T5's relative attention bias as Hugging Face's ``T5Attention.compute_bias``
+  forms it: a bucket index per query–key pair (:func:`t5_pair_buckets`), the
+  ``(num_buckets, H)`` table gathered into an ``(H, Lq, Lk)`` bias, then the
+  fused kernels above (NumPy: softmax) with ``scale=1``.
 
 Each computes exactly what its relattn counterpart computes (same layouts,
-same distance convention ``δ = j - (i + Lk - Lq)``, same masking);
+same distance convention ``δ = j - (i + Lk - Lq)``, same masking; relattn's
+RoPE and T5 calls are ``common.rotary_qk`` and ``common.t5_attention``);
 :func:`check` asserts it on small inputs and the benchmarks call it once in
 ``setup``. Run ``python asv_bench/benchmarks/native.py`` to check every
 installed backend.
@@ -28,6 +40,7 @@ import math
 from typing import Any
 
 import numpy as np
+import relattn
 
 try:
     from . import common
@@ -110,6 +123,61 @@ def numpy_shaw_materialised(q, k, v, key_table, value_table, scale=None, lib: An
     return _numpy_relative_inner(numpy_softmax(logits, None, lib), v, relations_values, False, lib)
 
 
+def numpy_rotary_cos_sin(positions, dim: int, base: float = 10000.0, lib: Any = np):
+    """HF ``LlamaRotaryEmbedding``: ``cos``, ``sin`` of ``(L, dim)``, float32, ``[θ | θ]``."""
+    inv_freq = 1.0 / (base ** (lib.arange(0, dim, 2).astype(lib.float32) / dim))
+    freqs = positions.astype(lib.float32)[:, None] * inv_freq.astype(lib.float32)[None, :]
+    emb = lib.concatenate((freqs, freqs), axis=-1)
+    return lib.cos(emb), lib.sin(emb)
+
+
+def numpy_rotate_half(x, lib: Any = np):
+    """HF ``rotate_half``: ``[-x2 | x1]`` for ``x = [x1 | x2]``."""
+    half = x.shape[-1] // 2
+    return lib.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+
+
+def numpy_rotary(q, k, cos, sin, lib: Any = np):
+    """HF ``apply_rotary_pos_emb``: ``x·cos + rotate_half(x)·sin`` for ``q`` and ``k``."""
+    return (
+        q * cos + numpy_rotate_half(q, lib) * sin,
+        k * cos + numpy_rotate_half(k, lib) * sin,
+    )
+
+
+def t5_pair_buckets(
+    query_length: int, key_length: int, num_buckets: int = 32, max_distance: int = 128
+) -> np.ndarray:
+    """HF ``T5Attention._relative_position_bucket`` of every pair (bidirectional), ``(Lq, Lk)``.
+
+    ``memory_position - context_position`` with the last ``Lq`` keys as the
+    queries (relattn's alignment; HF's with ``past_seen_tokens = Lk - Lq``).
+    Computed on the host in float64 (HF: float32 on the device): the indices
+    depend on the lengths alone, and every call reuses them.
+    """
+    context = np.arange(key_length - query_length, key_length)[:, None]
+    relative_position = np.arange(key_length)[None, :] - context
+    n = num_buckets // 2
+    buckets = (relative_position > 0).astype(np.int64) * n
+    relative_position = np.abs(relative_position)
+    max_exact = n // 2
+    is_small = relative_position < max_exact
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0): small, discarded entries
+        large = max_exact + (
+            np.log(relative_position / max_exact)
+            / math.log(max_distance / max_exact)
+            * (n - max_exact)
+        ).astype(np.int64, casting="unsafe")
+    large = np.minimum(large, n - 1)
+    return buckets + np.where(is_small, relative_position, large)
+
+
+def numpy_t5_attention(q, k, v, table, pair_buckets, lib: Any = np):
+    """T5's bias gathered per pair, ``table[buckets] (Lq, Lk, H) → (H, Lq, Lk)``, then attention."""
+    bias = lib.transpose(table[pair_buckets], (2, 0, 1))
+    return numpy_attention(q, k, v, bias, scale=1.0, lib=lib)
+
+
 # -- PyTorch -------------------------------------------------------------
 
 
@@ -168,6 +236,80 @@ def torch_shaw_materialised(q, k, v, key_table, value_table, scale=None):
 
     weights = torch.softmax(inner(q * scale, k, relations_keys, True), dim=-1)
     return inner(weights, v, relations_values, False)
+
+
+def torch_rotary_cos_sin(positions, dim: int, base: float = 10000.0):
+    """HF ``LlamaRotaryEmbedding.forward``: ``cos``, ``sin`` of ``(L, dim)`` in float32."""
+    import torch
+
+    arange = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device)
+    inv_freq = 1.0 / (base ** (arange.float() / dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def torch_rotate_half(x):
+    """HF ``rotate_half`` (``modeling_llama.py``)."""
+    import torch
+
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def torch_rotary(q, k, cos, sin):
+    """HF ``apply_rotary_pos_emb``; ``cos``, ``sin (L, d)`` broadcast as HF's ``(B, 1, L, d)``."""
+    q_embed = (q * cos) + (torch_rotate_half(q) * sin)
+    k_embed = (k * cos) + (torch_rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def torch_t5_attention(q, k, v, table, pair_buckets):
+    """HF ``T5Attention.compute_bias`` (``values.permute([2, 0, 1]).unsqueeze(0)``), then SDPA."""
+    import torch.nn.functional as F
+
+    bias = table[pair_buckets].permute(2, 0, 1).unsqueeze(0)  # (1, H, Lq, Lk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+
+
+def torch_flex_transformer_xl(q, k, v, table, content_bias, position_bias, scale=None):
+    """A no-argument call of FlexAttention computing causal Transformer-XL attention.
+
+    ``asv_bench/long_sequences.py``'s ``flex_one``: ``torch.compile(flex_attention,
+    dynamic=False)`` on ``q + u``, ``k``, ``v`` with a ``score_mod`` adding the
+    position term ``(q + v) Rᵀ`` (``(B, H, L, W)``, formed in each call) at column
+    ``kv_idx - q_idx + L - 1`` and a causal block mask (made once). The column is
+    clamped to ``L - 1`` (``δ <= 0``): ``flex_one`` reads past the table for the
+    masked pairs of partly masked blocks, which PyTorch 2.13's CPU kernel rejects
+    (``index out of bounds``). Self-attention,
+    causal layout (``W = Lk = Lq``). The first call compiles (minutes on a CPU);
+    ``ImportError`` where this PyTorch has no FlexAttention.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    length = q.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    mask = create_block_mask(causal, None, None, length, length, device=q.device.type)
+
+    def call():
+        position = ((q + position_bias) @ table.transpose(-1, -2)) * scale
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            # Clamped: the mask drops kv_idx > q_idx, whose columns the causal layout lacks,
+            # but score_mod also runs on them in partly masked blocks (out of bounds).
+            column = torch.clamp(kv_idx - q_idx, max=0) + length - 1
+            return score + position[b, h, q_idx, column]
+
+        return compiled(q + content_bias, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
+
+    return call
 
 
 # -- JAX (call through ``jax.jit``) -------------------------------------
@@ -235,6 +377,37 @@ def jax_shaw_materialised(q, k, v, key_table, value_table, scale=None):
     return weights @ v + jnp.einsum("bhij,ijd->bhid", weights, relations_values)
 
 
+def jax_rotary_cos_sin(positions, dim: int, base: float = 10000.0):
+    """HF's ``cos``, ``sin`` tables in ``jax.numpy`` (as Flax's LLaMA), float32."""
+    import jax.numpy as jnp
+
+    inv_freq = 1.0 / (base ** (jnp.arange(0, dim, 2).astype(jnp.float32) / dim))
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate((freqs, freqs), axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def jax_rotate_half(x):
+    """HF ``rotate_half`` in ``jax.numpy`` (``modeling_flax_llama.py``)."""
+    import jax.numpy as jnp
+
+    half = x.shape[-1] // 2
+    return jnp.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+
+
+def jax_rotary(q, k, cos, sin):
+    """HF ``apply_rotary_pos_emb`` in ``jax.numpy``."""
+    return q * cos + jax_rotate_half(q) * sin, k * cos + jax_rotate_half(k) * sin
+
+
+def jax_t5_attention(q, k, v, table, pair_buckets):
+    """T5's ``(1, H, Lq, Lk)`` bias gathered per pair, then ``jax.nn.dot_product_attention``."""
+    import jax.numpy as jnp
+
+    bias = jnp.transpose(table[pair_buckets], (2, 0, 1))[None]
+    return jax_attention(q, k, v, bias, scale=1.0)
+
+
 # -- the table the benchmarks use ----------------------------------------
 
 #: ``{function: {backend family: native implementation}}``; "numpy" serves
@@ -256,7 +429,39 @@ NATIVE = {
         "jax": jax_shaw_materialised,
     },
     "rel_shift": {"numpy": numpy_rel_shift, "torch": torch_rel_shift, "jax": jax_rel_shift},
+    "rotary_position_embedding": {
+        "numpy": numpy_rotary,
+        "torch": torch_rotary,
+        "jax": jax_rotary,
+    },
+    #: Not timed: the ``cos``, ``sin`` tables ``rotary_position_embedding``'s baseline takes.
+    "rotary_cos_sin": {
+        "numpy": numpy_rotary_cos_sin,
+        "torch": torch_rotary_cos_sin,
+        "jax": jax_rotary_cos_sin,
+    },
+    "t5_attention": {
+        "numpy": numpy_t5_attention,
+        "torch": torch_t5_attention,
+        "jax": jax_t5_attention,
+    },
 }
+
+
+def rotary_tables(backend: Any, length: int) -> tuple[Any, Any]:
+    """The native ``cos``, ``sin (L, d)`` of positions ``0 … L-1`` on ``backend``.
+
+    Computed once, natively, as HF's model does before its layers: the timed
+    baseline is ``apply_rotary_pos_emb`` alone.
+    """
+    positions = backend.asarray(np.arange(length, dtype=np.int64))
+    return native("rotary_cos_sin", backend, dim=common.D_HEAD)(positions)
+
+
+def t5_pairs(backend: Any, length: int) -> Any:
+    """The native ``(L, L)`` bucket indices (:func:`t5_pair_buckets`) on ``backend``."""
+    pairs = t5_pair_buckets(length, length, common.T5_BUCKETS, common.T5_MAX_DISTANCE)
+    return backend.asarray(pairs)
 
 
 def family(backend: Any) -> str | None:
@@ -336,6 +541,40 @@ def check(backend_name: str) -> None:
         arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
         args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
         same("shaw_attention", args, {})
+    if not all(hasattr(relattn, f) for f in ("rotary_position_embedding", "relative_bias")):
+        return  # an older commit: the benchmarks that need these skip
+    for length in (5, 6, 9):
+        arrays = common.on(backend, common.rotary_inputs(length))
+        q, k = arrays["q"], arrays["k"]
+        cos, sin = rotary_tables(backend, length)
+        ours = backend.record.jit(common.rotary_qk)(q, k)
+        theirs = native("rotary_position_embedding", backend)(q, k, cos, sin)
+        for a, b, name in zip(theirs, ours, "qk", strict=True):
+            np.testing.assert_allclose(
+                backend.record.to_host(a), backend.record.to_host(b), **tol,
+                err_msg=f"native rotate_half ({name}) on {backend_name} differs from relattn",
+            )  # fmt: skip
+        arrays, pairs = common.on(backend, common.t5_inputs(length)), t5_pairs(backend, length)
+        qkv = (arrays["q"], arrays["k"], arrays["v"])
+        ours = backend.record.jit(common.t5_attention)(*qkv, arrays["table"], arrays["buckets"])
+        theirs = native("t5_attention", backend)(*qkv, arrays["table"], pairs)
+        np.testing.assert_allclose(
+            backend.record.to_host(theirs), backend.record.to_host(ours), **tol,
+            err_msg=f"native T5 attention on {backend_name} differs from relattn",
+        )  # fmt: skip
+    _check_t5_buckets()
+
+
+@functools.cache
+def _check_t5_buckets(length: int = 300) -> None:
+    """HF's bucket of every pair equals relattn's bucket of the pair's distance (every bucket)."""
+    buckets = common.t5_inputs(length)["buckets"]  # relattn's, one per column of the full layout
+    i, j = np.indices((length, length))
+    np.testing.assert_array_equal(
+        t5_pair_buckets(length, length, common.T5_BUCKETS, common.T5_MAX_DISTANCE),
+        buckets[j - i + length - 1],
+        err_msg="T5 bucket indices per pair differ from relattn's relative_position_bucket",
+    )
 
 
 if __name__ == "__main__":

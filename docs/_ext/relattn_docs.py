@@ -5,7 +5,8 @@
   (the build machines reach no documentation site; see ``docs/intersphinx/README.md``).
 - ``backend-support`` directive: the support table of every public function on
   every backend, probed when the page is built with the call table of
-  ``tests/test_transforms.py`` (``CASES``) and the backends of ``tests/conftest.py``.
+  ``tests/test_transforms.py`` (``CASES``, every public name) and the backends
+  of ``tests/conftest.py``.
 - ``asv-report`` directive and a ``build-finished`` hook: link to, and copy, the
   asv HTML report ``asv_bench/html`` into ``<outdir>/asv`` when it exists.
 """
@@ -71,6 +72,22 @@ def _test_modules() -> tuple[Any, Any]:
     import test_transforms
 
     return conftest, test_transforms
+
+
+#: Cases restricted to one library: ``name -> (module, note there, note elsewhere)``.
+#: On the other libraries the row is not probed and shows the second note.
+ONLY = {
+    "ring_attention": (
+        "jax.numpy",
+        "inside jax.shard_map, probed on a one-device mesh",
+        "JAX only, inside jax.shard_map (the ring is lax.ppermute): TypeError here",
+    ),
+}
+
+
+def all_cases(transforms: Any) -> dict[str, Any]:
+    """The test suite's call table, by name."""
+    return dict(transforms.CASES)
 
 
 def _outcome(fn) -> tuple[Any, str | None]:
@@ -278,8 +295,15 @@ def probe_backend(name: str) -> tuple[str | None, list[dict[str, str]]]:
         return backend.unavailable, []
     numpy = next(b for b in targets if b.name == "numpy")
     rows = []
-    for seed, (case_name, case) in enumerate(sorted(transforms.CASES.items())):
+    for seed, (case_name, case) in enumerate(sorted(all_cases(transforms).items())):
+        only = ONLY.get(case_name.partition("[")[0])
+        if only is not None and backend.module != only[0]:
+            rows.append({"case": case_name, "dtypes": NA, "why": only[2], "device": NA,
+                         "jit": NA, "grad": NA})  # fmt: skip
+            continue
         dtypes, why = _probe_dtypes(backend, case, numpy, transforms, seed)
+        if only is not None:
+            why = {"note": only[1], **why}
         arrays = [
             backend.asarray(a, "float32" if a.dtype.kind == "f" else None)
             for a in case.inputs(np.random.default_rng(seed))
@@ -295,7 +319,7 @@ def probe_backend(name: str) -> tuple[str | None, list[dict[str, str]]]:
             {
                 "case": case_name,
                 "dtypes": dtypes,
-                "why": "; ".join(f"{d}: {r}" for d, r in why.items()),
+                "why": "; ".join(r if d == "note" else f"{d}: {r}" for d, r in why.items()),
                 "device": device.replace("array_api_strict.Device(", "").replace(")", ""),
                 "jit": _probe_jit(backend, case, seed),
                 "grad": _probe_grad(backend, case, seed),

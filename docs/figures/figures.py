@@ -609,3 +609,777 @@ def classic_scores() -> None:
         fig.colorbar(image, ax=ax, shrink=0.8)
     axes[3].plot(positions, range(lq), "r+", ms=10, label="p_i")
     axes[3].legend(fontsize=7, loc="upper right")
+
+
+# ----------------------------------------------------------------------------------------
+# Per-distance biases, rotary embeddings and DeBERTa
+# ----------------------------------------------------------------------------------------
+
+
+#: Bias and score maps: cells with no value (masked) drawn in light grey.
+def _diverging(limit: float) -> tuple[object, Normalize]:
+    cmap = plt.get_cmap("RdBu_r").copy()
+    cmap.set_bad("#d9d9d9")
+    return cmap, Normalize(vmin=-limit, vmax=limit)
+
+
+def _no_value(bias):
+    """A causal-layout bias as floats, NaN (drawn grey) where ``δ > 0`` has no value."""
+    bias = np.asarray(bias)
+    return np.where(bias < np.finfo(bias.dtype).min / 4, np.nan, bias)
+
+
+def _matrix(ax, values, title, cmap, norm, *, xlabel="key j", ylabel="query i"):
+    image = ax.imshow(values, cmap=cmap, norm=norm)
+    rows, cols = values.shape
+    ax.set_xticks(range(0, cols, 4))
+    ax.set_yticks(range(0, rows, 4))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    return image
+
+
+def t5_buckets() -> None:
+    """T5's bucket of every distance, both directions, and the bias matrices of a table."""
+    num_buckets, max_distance = 32, 128
+    delta = np.arange(-160, 161)
+    fig = plt.figure(figsize=(12, 7.6), layout="constrained")
+    grid = fig.add_gridspec(2, 4, height_ratios=[1.0, 1.15])
+    ax = fig.add_subplot(grid[0, :])
+    for bidirectional, style, label in (
+        (True, "-", "bidirectional=True (encoder): 16 buckets per direction"),
+        (False, "--", "bidirectional=False (decoder): 32 buckets for δ ≤ 0, bucket 0 for δ > 0"),
+    ):
+        buckets = relattn.relative_position_bucket(
+            delta, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional
+        )
+        ax.step(delta, np.asarray(buckets), style, where="mid", lw=2, label=label)
+    for x in (-max_distance, max_distance):
+        ax.axvline(x, color="grey", lw=0.8, ls=":")
+    ax.axvspan(-7.5, 7.5, color="#c6f6d5", alpha=0.6, lw=0)
+    ax.text(0, 33.5, "encoder: |δ| < 8\none bucket each", ha="center", va="bottom", fontsize=9)
+    ax.text(-max_distance, 33.5, "δ = −max_distance", ha="center", va="bottom", fontsize=9)
+    ax.text(max_distance, 33.5, "δ = max_distance", ha="center", va="bottom", fontsize=9)
+    ax.set_ylim(-1, 40)
+    ax.set_yticks(range(0, 33, 8))
+    ax.set_xlabel("δ = j − i (key minus query)")
+    ax.set_ylabel("bucket")
+    ax.set_title(
+        f"relative_position_bucket(δ, num_buckets={num_buckets}, max_distance={max_distance}): "
+        "exact near 0, logarithmic beyond, one shared bucket past max_distance",
+        fontsize=10,
+    )
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 0.07), fontsize=9, frameon=False)
+
+    # A small configuration, to see the buckets in a matrix: 16 buckets, max_distance 20.
+    length, small, reach, heads = 24, 16, 20, 3
+    table = np.random.default_rng(5).normal(size=(small, heads))  # a (num_buckets, H) table
+    encoder_buckets = relattn.relative_position_bucket(
+        relattn.relative_distances(length, length), num_buckets=small, max_distance=reach
+    )
+    encoder = relattn.relative_bias(table[encoder_buckets].T, length, length)  # (H, L, L)
+    decoder_buckets = relattn.relative_position_bucket(
+        relattn.relative_distances(length, length, causal=True),
+        num_buckets=small,
+        max_distance=reach,
+        bidirectional=False,
+    )
+    decoder = _no_value(relattn.relative_bias(table[decoder_buckets, 0], length, length))
+    cmap, norm = _diverging(float(np.max(np.abs(table))))
+    for h in range(heads):
+        image = _matrix(
+            fig.add_subplot(grid[1, h]),
+            np.asarray(encoder[h]),
+            f"encoder, head {h}: table[bucket(δ), {h}]",
+            cmap,
+            norm,
+        )
+    _matrix(
+        fig.add_subplot(grid[1, 3]),
+        decoder,
+        "decoder, head 0: unidirectional,\ncausal layout (grey: masked)",
+        cmap,
+        norm,
+    )
+    fig.colorbar(image, ax=fig.axes[1:], shrink=0.8, label="bias added to the logit")
+    fig.text(
+        0.5,
+        0.005,
+        f"below: L = {length}, num_buckets = {small}, max_distance = {reach}, "
+        "a random (num_buckets, H) table; every diagonal is one distance",
+        ha="center",
+        fontsize=9,
+    )
+
+
+def alibi_bias() -> None:
+    """ALiBi's slopes for 8 and 12 heads, and the causal bias matrices of three heads."""
+    fig, axes = plt.subplots(
+        1, 4, figsize=(13, 3.9), layout="constrained", width_ratios=[1.25, 1, 1, 1]
+    )
+    for heads, marker, size in ((8, "o", 8), (12, "x", 7)):
+        slopes = np.asarray(relattn.alibi_slopes(heads))
+        axes[0].plot(np.arange(1, heads + 1), slopes, marker, ms=size, mew=2, label=f"H = {heads}")
+    axes[0].set_yscale("log", base=2)
+    axes[0].set_xticks(range(1, 13))
+    axes[0].set_xlabel("head h")
+    axes[0].set_ylabel("slope m_h")
+    axes[0].set_title(
+        "alibi_slopes(H): H = 8 gives $2^{-h}$;\n"
+        "H = 12 adds $2^{-0.5}, 2^{-1.5}, 2^{-2.5}, 2^{-3.5}$ (heads 9–12)",
+        fontsize=10,
+    )
+    axes[0].legend(fontsize=9)
+    length, heads = 12, 12
+    slopes = np.asarray(relattn.alibi_slopes(heads))
+    delta = np.asarray(relattn.relative_distances(length, length, causal=True))
+    values = slopes[:, None] * delta[None, :]  # (H, Lk): the causal layout
+    bias = _no_value(relattn.relative_bias(values, length, length))
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("#d9d9d9")
+    norm = Normalize(vmin=float(values.min()), vmax=0)
+    for ax, h in zip(axes[1:], (9, 1, 4), strict=True):
+        image = _matrix(
+            ax,
+            bias[h - 1],
+            f"H = 12, head {h}: $m = 2^{{{np.log2(slopes[h - 1]):g}}}$\nbias m·δ (grey: masked)",
+            cmap,
+            norm,
+        )
+    fig.colorbar(image, ax=axes[1:], shrink=0.85, label="bias m_h · δ")
+
+
+def rope_rotation() -> None:
+    """RoPE: pairs rotating with the position, the relative property, the two pairings."""
+    fig = plt.figure(figsize=(13, 4.6), layout="constrained")
+    grid = fig.add_gridspec(1, 3, width_ratios=[1, 1.35, 1.25])
+
+    # 1. One query, d = 8, at positions 0 … 8: pair k turns by θ_k per position.
+    ax = fig.add_subplot(grid[0])
+    positions = np.arange(9)
+    x = np.tile([1.0, 0.0], 4)[None, :].repeat(len(positions), axis=0)
+    rotated = np.asarray(relattn.rotary_position_embedding(x, positions, layout="interleaved"))
+    theta = np.asarray(relattn.inverse_frequencies(4))
+    circle = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.cos(circle), np.sin(circle), color="#cbd5e0", lw=1)
+    for k, color in zip(range(2), ["#2b6cb0", "#dd6b20"], strict=True):
+        a, b = rotated[:, 2 * k], rotated[:, 2 * k + 1]
+        ax.plot(a, b, "o-", color=color, ms=5, lw=1, label=f"pair {k}: θ_{k} = {theta[k]:g} rad")
+        for p in (0, 1, 2, 8) if k == 0 else (8,):
+            ax.annotate(
+                f"p={p}", (a[p], b[p]), textcoords="offset points", xytext=(5, 4), fontsize=8
+            )
+    ax.set_aspect("equal")
+    ax.set_xlim(-1.35, 1.35)
+    ax.set_ylim(-1.35, 1.35)
+    ax.set_xlabel("first feature of the pair")
+    ax.set_ylabel("second feature of the pair")
+    ax.set_title("RoPE(x, p) of x = (1, 0, 1, 0, …):\npair k turns by p·θ_k", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+
+    # 2. ⟨RoPE(q, m), RoPE(k, n)⟩ against n − m, for several m.
+    ax = fig.add_subplot(grid[1])
+    rng = np.random.default_rng(1)
+    d = 64
+    q, k = rng.normal(size=(2, d))
+    offsets = np.arange(-40, 41)
+    for m, style, width in ((50, "-", 4), (200, "--", 2.2), (1000, ":", 1.6)):
+        rq = np.asarray(relattn.rotary_position_embedding(q[None, :], np.array([m])))[0]
+        rk = np.asarray(
+            relattn.rotary_position_embedding(np.tile(k, (len(offsets), 1)), m + offsets)
+        )
+        ax.plot(offsets, rk @ rq, style, lw=width, label=f"m = {m}")
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_xlabel("n − m")
+    ax.set_ylabel("⟨RoPE(q, m), RoPE(k, n)⟩")
+    ax.set_title(
+        "one curve for every m: the score depends on n − m only\n(d = 64, q, k random)", fontsize=10
+    )
+    ax.legend(fontsize=9)
+
+    # 3. Which features form a pair: the partner of feature i is where RoPE(e_i) moves it.
+    ax = fig.add_subplot(grid[2])
+    d = 8
+    colors = plt.get_cmap("tab10")
+    for row, layout in enumerate(("interleaved", "concatenated")):
+        turned = np.asarray(
+            relattn.rotary_position_embedding(np.eye(d), np.ones(d), base=2.0, layout=layout)
+        )
+        partner = [
+            int(np.flatnonzero((np.abs(turned[i]) > 1e-12) & (np.arange(d) != i))[0])
+            for i in range(d)
+        ]
+        pair = {}
+        for i in range(d):
+            pair.setdefault(frozenset((i, partner[i])), len(pair))
+        y = 1.6 * (1 - row)
+        for i in range(d):
+            index = pair[frozenset((i, partner[i]))]
+            ax.add_patch(plt.Rectangle((i, y), 0.92, 0.6, color=colors(index), alpha=0.75))
+            ax.text(i + 0.46, y + 0.3, f"x{_sub(i)}", ha="center", va="center", fontsize=10)
+            ax.text(i + 0.46, y - 0.15, f"θ{_sub(index)}", ha="center", va="center", fontsize=9)
+        for i in range(d):
+            j = partner[i]
+            if j > i:
+                middle, span = (i + j) / 2 + 0.46, j - i
+                ax.annotate(
+                    "",
+                    (j + 0.46, y + 0.62),
+                    (i + 0.46, y + 0.62),
+                    arrowprops={
+                        "arrowstyle": "-",
+                        "connectionstyle": f"arc3,rad={-0.5 if span < 2 else -0.25}",
+                        "color": colors(pair[frozenset((i, j))]),
+                        "lw": 1.5,
+                    },
+                )
+                del middle
+        ax.text(-0.2, y + 0.3, f'"{layout}"', ha="right", va="center", fontsize=10)
+    ax.set_xlim(-3.2, d + 0.1)
+    ax.set_ylim(-0.5, 3.2)
+    ax.axis("off")
+    ax.set_title(
+        "the two layouts, d = 8: the pairs rotated together\n"
+        "interleaved: paper, GPT-J\nconcatenated: GPT-NeoX, LLaMA",
+        fontsize=10,
+    )
+
+
+def deberta_positions() -> None:
+    """DeBERTa-v2's φ over distances, and the three score terms of one head."""
+    k, max_position = 16, 64
+    fig = plt.figure(figsize=(13, 7.4), layout="constrained")
+    grid = fig.add_gridspec(2, 4, height_ratios=[1, 1.05])
+    ax = fig.add_subplot(grid[0, :])
+    r = np.arange(-100, 101)  # i − j, DeBERTa's query minus key
+    bucket = np.asarray(relattn.log_bucket_position(r, bucket_size=k, max_position=max_position))
+    phi = np.clip(bucket + k, 0, 2 * k - 1)
+    ax.plot(r, bucket, lw=2.5, label="log_bucket_position(i − j): unbounded")
+    ax.plot(r, phi - k, "--", lw=2, label="φ − k = clip(bucket + k, 0, 2k − 1) − k: the table row")
+    ax.axvspan(-k // 2, k // 2, color="#c6f6d5", alpha=0.6, lw=0)
+    ax.text(0, 19, f"|i − j| ≤ {k // 2}:\nexact", ha="center", va="bottom", fontsize=9)
+    for y, text in ((k - 1, "row 2k − 1"), (-k, "row 0")):
+        ax.axhline(y, color="grey", lw=0.8, ls=":")
+        ax.text(101, y, text, va="center", fontsize=9)
+    for x in (-(max_position - 1), max_position - 1):
+        ax.axvline(x, color="grey", lw=0.8, ls=":")
+    ax.text(max_position - 1, -21, "max_position − 1", ha="center", fontsize=9)
+    ax.set_ylim(-24, 26)
+    ax.set_xlabel("i − j = −δ (query minus key, DeBERTa's sign)")
+    ax.set_ylabel("bucket")
+    ax.set_title(
+        f"bucket_size = k = {k}, max_position = {max_position}: the logarithmic buckets "
+        "keep growing; only the clip bounds φ to the 2k rows of the table",
+        fontsize=10,
+    )
+    ax.legend(loc="upper left", fontsize=9, frameon=False)
+
+    # The three terms of one head, L = 12, tables of 2k = 8 rows (k = 4, max_position 8).
+    length, d, small = 12, 16, 4
+    rng = np.random.default_rng(2)
+    q, kc, v = rng.normal(size=(3, length, d))
+    rows_k, rows_q = rng.normal(size=(2, 2 * small, d))
+    delta = relattn.relative_distances(length, length)
+    phi = np.clip(
+        np.asarray(relattn.log_bucket_position(-delta, bucket_size=small, max_position=8)) + small,
+        0,
+        2 * small - 1,
+    )
+    key_table, query_table = rows_k[phi], rows_q[phi]  # (W, d): one row per distance
+    m = np.asarray(relattn.relative_positions(length, length)) + length - 1  # column of (i, j)
+    terms = {
+        "content-to-content\nq_i · k_j": q @ kc.T,
+        "content-to-position\nq_i · Kʳ[φ(i, j)]": np.einsum("id,ijd->ij", q, key_table[m]),
+        "position-to-content\nk_j · Qʳ[φ(i, j)]": np.einsum("jd,ijd->ij", kc, query_table[m]),
+    }
+    total = sum(terms.values())
+    terms["sum A_ij (scaled by 1/√(3d)\nin the softmax)"] = total
+    scaled = total / np.sqrt(3 * d)
+    weights = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    expected = (weights / weights.sum(axis=1, keepdims=True)) @ v
+    got = relattn.disentangled_attention(q, kc, v, key_table, query_table)
+    assert np.allclose(got, expected), "the drawing no longer matches disentangled_attention"
+    cmap, norm = _diverging(float(np.max(np.abs(total))))
+    for c, (name, values) in enumerate(terms.items()):
+        image = _matrix(fig.add_subplot(grid[1, c]), values, name, cmap, norm)
+    fig.colorbar(image, ax=fig.axes[1:], shrink=0.8, label="score term")
+    fig.text(
+        0.5,
+        0.005,
+        f"below: one head, L = {length}, d = {d}, bucket_size = {small}, max_position = 8, "
+        f"random q, k and tables of 2k = {2 * small} rows gathered by φ",
+        ha="center",
+        fontsize=9,
+    )
+
+
+def tener_released_forms() -> None:
+    """TENER's paper form against its released code: position terms, frequencies, weights."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(relattn.__file__).resolve().parents[1] / "examples" / "tener_released.py"
+    spec = importlib.util.spec_from_file_location("tener_released_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    d_head, length = 16, 14
+    fig, axes = plt.subplots(
+        1, 4, figsize=(14, 3.9), layout="constrained", width_ratios=[1.25, 1, 1, 1]
+    )
+    # 1. The position terms of one query and one key against j − t.
+    rng = np.random.default_rng(4)
+    q, k = rng.normal(size=(2, d_head))
+    offsets = np.arange(-(length - 1), length)  # j − t
+    plus, minus = example.released_position_tables(length, d_head, like=np.zeros(1))
+    delta = np.asarray(relattn.relative_distances(length, length))
+    assert np.array_equal(delta, offsets)
+    paper = relattn.sinusoidal_position_encoding(-delta, d_head, layout="concatenated")
+    axes[0].plot(offsets, minus @ q, lw=2.5, label=r"paper's sign: $Q_t \cdot R_{t-j}$")
+    axes[0].plot(offsets, plus @ q, "--", lw=2, label=r"released: $Q_t \cdot R_{j-t}$ (mirrored)")
+    axes[0].plot(offsets, minus @ k, ":", lw=2, label=r"released, extra: $K_j \cdot R_{t-j}$")
+    axes[0].axvline(0, color="grey", lw=0.5)
+    axes[0].set_xlabel("j − t (key minus query)")
+    axes[0].set_title(
+        "the sign of R: one query, one key, one table\n(the released frequencies)", fontsize=10
+    )
+    axes[0].legend(fontsize=8, loc="lower left")
+    # 2. The frequencies.
+    half = d_head // 2
+    axes[1].semilogy(
+        range(half), relattn.inverse_frequencies(half), "o-", label=r"paper: $10000^{-2k/d}$"
+    )
+    axes[1].semilogy(
+        range(half),
+        relattn.inverse_frequencies(half, endpoint=True),
+        "x--",
+        mew=2,
+        label=r"released: $10000^{-k/(d/2-1)}$",
+    )
+    axes[1].set_xlabel("frequency index k")
+    axes[1].set_ylabel("rad per position")
+    axes[1].set_title(f"frequencies, d_head = {d_head}", fontsize=10)
+    axes[1].legend(fontsize=8)
+    # 3–4. Attention weights of the two forms on the same parameters (v = I gives them).
+    x = rng.normal(size=(1, length, d_head))
+    w_q, w_k = rng.normal(scale=0.5 / np.sqrt(d_head), size=(2, d_head, d_head))
+    u, w = rng.normal(scale=0.5, size=(2, 1, d_head))
+    qs, ks = (x @ w_q)[:, None], (x @ w_k)[:, None]  # (B, H, L, d), one head
+    eye = np.eye(length)[None, None]
+    released = example.tener_released_attention(qs, ks, eye, u, w)[0, 0]
+    paper_weights = relattn.relative_attention(
+        qs, ks, eye, paper, content_bias=u[:, None, :], position_bias=w[:, None, :], scale=1.0
+    )[0, 0]
+    norm = PowerNorm(0.5, vmin=0, vmax=float(max(released.max(), paper_weights.max())))
+    for ax, (name, weights) in zip(
+        axes[2:], (("paper form", paper_weights), ("released form", released)), strict=True
+    ):
+        image = ax.imshow(weights, cmap="viridis", norm=norm)
+        ax.set_title(f"{name}: attention weights,\nsame parameters", fontsize=10)
+        ax.set_xticks(range(0, length, 4))
+        ax.set_yticks(range(0, length, 4))
+        ax.set_xlabel("key j")
+        ax.set_ylabel("query t")
+    fig.colorbar(image, ax=axes[2:], shrink=0.85, label="weight (square-root scale)")
+
+
+# ----------------------------------------------------------------------------------------
+# Long sequences and devices
+# ----------------------------------------------------------------------------------------
+
+
+def _layout_strip(ax, width, lk, slices, title):
+    """The columns ``m`` of the full relative layout, ``slices``: ``(m0, width, colour, label)``."""
+    for m in range(width):
+        absent = m > lk - 1
+        ax.add_patch(
+            plt.Rectangle(
+                (m, 0),
+                1,
+                1,
+                facecolor="#edf2f7" if absent else "#bee3f8",
+                edgecolor="white",
+                lw=1.5,
+            )
+        )
+        ax.text(m + 0.5, 0.5, str(m - (lk - 1)), ha="center", va="center", fontsize=8)
+    for row, (m0, span, color, label) in enumerate(slices):
+        y = -0.55 - 0.5 * row
+        ax.add_patch(plt.Rectangle((m0, y), span, 0.35, facecolor=color, alpha=0.85))
+        ax.text(m0 + span + 0.3, y + 0.17, label, va="center", fontsize=9)
+    ax.set_xlim(-0.2, width + 9)
+    ax.set_ylim(-0.55 - 0.5 * len(slices), 1.2)
+    ax.set_xticks(np.arange(0, width, 2) + 0.5, [str(m) for m in range(0, width, 2)], fontsize=8)
+    ax.set_yticks([0.5], ["δ"])
+    ax.tick_params(length=0)
+    ax.xaxis.set_ticks_position("top")
+    ax.set_xlabel(title)
+    ax.xaxis.set_label_position("top")
+    for side in ax.spines.values():
+        side.set_visible(False)
+
+
+def blockwise_blocks() -> None:
+    """A causal score matrix in blocks: skipped blocks, one block and its table columns."""
+    length, size = 16, 4
+    i0, j0 = 8, 4  # the highlighted block
+    fig = plt.figure(figsize=(11, 9.6), layout="constrained")
+    grid = fig.add_gridspec(2, 1, height_ratios=[4.2, 1])
+    ax = fig.add_subplot(grid[0])
+    mask = np.asarray(relattn.causal_mask(length, length))
+    ax.imshow(mask, cmap=MASK_CMAP, vmin=0, vmax=1, alpha=0.55)
+    _grid(ax, length, length)
+    column = np.asarray(relattn.relative_positions(length, length)) + length - 1  # m of (i, j)
+    for bi in range(0, length, size):
+        for bj in range(0, length, size):
+            visible = np.asarray(
+                relattn.causal_mask(size, size, query_start=bi, key_start=bj, offset=0)
+            )
+            assert np.array_equal(visible, mask[bi : bi + size, bj : bj + size])
+            if not visible.any():
+                ax.add_patch(
+                    plt.Rectangle(
+                        (bj - 0.5, bi - 0.5),
+                        size,
+                        size,
+                        facecolor="#f7fafc",
+                        hatch="//",
+                        edgecolor="#a0aec0",
+                        lw=0,
+                    )
+                )
+                ax.text(
+                    bj + size / 2 - 0.5,
+                    bi + size / 2 - 0.5,
+                    "skipped",
+                    ha="center",
+                    va="center",
+                    fontsize=10,
+                    color="#4a5568",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+                )
+            ax.add_patch(
+                plt.Rectangle(
+                    (bj - 0.5, bi - 0.5),
+                    size,
+                    size,
+                    fill=False,
+                    edgecolor="#2d3748",
+                    lw=1.8,
+                    zorder=4,
+                )
+            )
+    m0 = j0 - i0 - (size - 1) + length - 1
+    block_columns = column[i0 : i0 + size, j0 : j0 + size]
+    distances = np.asarray(
+        relattn.relative_distances(size, size, query_start=i0, key_start=j0, offset=0)
+    )
+    assert np.array_equal(np.unique(block_columns), distances + length - 1)
+    assert block_columns.min() == m0 and block_columns.max() == m0 + 2 * size - 2
+    for i in range(i0, i0 + size):
+        for j in range(j0, j0 + size):
+            ax.text(
+                j,
+                i,
+                str(column[i, j]),
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="#9b2c2c",
+                weight="bold",
+            )
+    ax.add_patch(
+        plt.Rectangle(
+            (j0 - 0.5, i0 - 0.5), size, size, fill=False, edgecolor="#e53e3e", lw=3.5, zorder=5
+        )
+    )
+    diagonal = column[i0 : i0 + size, i0 : i0 + size]
+    ax.add_patch(
+        plt.Rectangle(
+            (i0 - 0.5, i0 - 0.5),
+            size,
+            size,
+            fill=False,
+            edgecolor="#dd6b20",
+            lw=3.5,
+            ls="--",
+            zorder=5,
+        )
+    )
+    ax.set_xticks(range(length))
+    ax.set_yticks(range(length))
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.xaxis.set_ticks_position("top")
+    ax.xaxis.set_label_position("top")
+    ax.set_title(
+        f"causal scores, L = {length}, blocks of {size}: the red block (i0 = {i0}, j0 = {j0}) "
+        "reads table columns m (numbers)",
+        fontsize=10,
+    )
+    ax.legend(
+        handles=[
+            Patch(color=MASK_CMAP(1), alpha=0.55, label="pair computed"),
+            Patch(color=MASK_CMAP(0), alpha=0.55, label="pair masked\n(in a visited block)"),
+            Patch(facecolor="#f7fafc", hatch="//", edgecolor="#a0aec0", label="block skipped"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=9,
+        frameon=False,
+    )
+    strip = fig.add_subplot(grid[1])
+    _layout_strip(
+        strip,
+        2 * length - 1,
+        length,
+        [
+            (
+                m0,
+                2 * size - 1,
+                "#e53e3e",
+                f"red block: m0 = j0 − i0 − (bq − 1) + Lq − 1 = {m0},"
+                f" width bq + bk − 1 = {2 * size - 1}",
+            ),
+            (
+                int(diagonal.min()),
+                2 * size - 1,
+                "#dd6b20",
+                f"dashed diagonal block: m0 = {int(diagonal.min())};"
+                " its columns past δ = 0 are masked",
+            ),
+        ],
+        f"columns m = 0 … {2 * length - 2} of the full relative layout (cells: δ = m − (Lk − 1)); "
+        f"a causal-layout table has only m ≤ {length - 1} (blue)",
+    )
+
+
+#: The fallback measurement of :func:`long_sequence_memory`: lengths and block size.
+MEASURED_LENGTHS = (256, 512, 1024, 2048)
+MEASURED_BLOCK_SIZE = 256
+
+
+def _long_sequence_rows() -> tuple[list[dict], str | None]:
+    """Rows of ``asv_bench/long-sequences.json`` and its provenance, or ``[]`` and ``None``."""
+    import json
+    from pathlib import Path
+
+    path = Path(relattn.__file__).resolve().parents[1] / "asv_bench" / "long-sequences.json"
+    if not path.exists():
+        return [], None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    keys = {"backend", "path", "length", "peak_bytes", "seconds"}
+    rows = [
+        r for r in saved.get("rows", []) if keys <= set(r) and r["path"] in ("dense", "blockwise")
+    ]
+    source = (
+        f"asv_bench/long-sequences.json: {saved.get('command', 'asv_bench/long_sequences.py')}; "
+        f"{saved.get('environment', 'environment not recorded')}"
+    )
+    return rows, source if rows else None
+
+
+def _measure_long_sequences() -> list[dict]:
+    """tracemalloc peak of one causal ``relative_attention`` call, NumPy float32, both paths."""
+    import tracemalloc
+
+    heads, d = 8, 64
+    rows = []
+    for length in MEASURED_LENGTHS:
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, heads, length, d), dtype=np.float32) for _ in range(3))
+        table = rng.standard_normal((heads, length, d), dtype=np.float32)  # causal layout
+        u, w = (0.1 * rng.standard_normal((heads, 1, d), dtype=np.float32) for _ in range(2))
+        for path, block_size in (("dense", None), ("blockwise", MEASURED_BLOCK_SIZE)):
+            tracemalloc.start()
+            out = relattn.relative_attention(
+                q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
+            )
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            del out
+            rows.append({"backend": "numpy", "path": path, "length": length, "peak_bytes": peak})
+    return rows
+
+
+def long_sequence_memory() -> None:
+    """Peak memory (and time, from the benchmark) of causal relative attention against L.
+
+    Reads the benchmark's ``asv_bench/long-sequences.json`` when it exists;
+    otherwise measures NumPy's peak with tracemalloc while the page is built
+    (memory only: timings on a shared build machine mean little).
+    """
+    rows, source = _long_sequence_rows()
+    measured = source is None
+    if measured:
+        rows = _measure_long_sequences()
+        source = (
+            "no asv_bench/long-sequences.json in this build: measured while this page was built, "
+            f"NumPy, tracemalloc peak of one call, blockwise with block_size={MEASURED_BLOCK_SIZE}"
+        )
+    panels = 1 if measured else 2
+    fig, axes = plt.subplots(
+        1, panels, figsize=(9 if measured else 13, 4.6), layout="constrained", squeeze=False
+    )
+    axes = axes[0]
+    colors = {"numpy": "#2b6cb0", "torch": "#dd6b20", "jax": "#38a169"}
+    styles = {"dense": ("-", "o"), "blockwise": ("--", "s")}
+    for backend in colors:
+        for path, (line, marker) in styles.items():
+            points = sorted(
+                (r["length"], r["peak_bytes"], r.get("seconds", np.nan))
+                for r in rows
+                if r["backend"] == backend and r["path"] == path
+            )
+            if not points:
+                continue
+            lengths, peaks, seconds = (
+                np.asarray(c, dtype=float) for c in zip(*points, strict=True)
+            )
+            style = {
+                "ls": line,
+                "marker": marker,
+                "color": colors[backend],
+                "label": f"{backend}, {path}",
+            }
+            axes[0].loglog(lengths, peaks / 2**20, **style)
+            if not measured:
+                axes[1].loglog(lengths, seconds, **style)
+    lengths = np.asarray(sorted({r["length"] for r in rows}), dtype=float)
+    axes[0].loglog(
+        lengths,
+        8 * lengths**2 * 4 / 2**20,
+        ":",
+        color="grey",
+        label="one (H, L, L) float32 score array",
+    )
+    axes[0].set_ylabel("peak memory (MiB)")
+    axes[0].set_title("peak memory of one call", fontsize=10)
+    if not measured:
+        axes[1].set_ylabel("seconds per call")
+        axes[1].set_title("time of one call", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("sequence length L")
+        ax.set_xticks(lengths, [str(int(n)) for n in lengths])
+        ax.minorticks_off()
+        ax.grid(True, which="major", color="#e2e8f0")
+        ax.legend(fontsize=9)
+    lines = [
+        "causal Transformer-XL attention (relative_attention, causal-layout table), "
+        "B = 1, H = 8, d = 64, float32",
+        *_wrapped(source, 100 if measured else 150),
+    ]
+    fig.suptitle("\n".join(lines), fontsize=10)
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
+def ring_steps() -> None:
+    """Ring attention on 4 devices: the key block each holds per step, the columns it reads."""
+    devices, size = 4, 4
+    length = devices * size
+    fig = plt.figure(figsize=(13, 7.4), layout="constrained")
+    grid = fig.add_gridspec(1, 2, width_ratios=[1, 2.0])
+    ax = fig.add_subplot(grid[0])
+    colors = plt.get_cmap("Set2")
+    bars = []
+    for p in range(devices):
+        i0 = p * size
+        for step in range(devices):
+            j = (p - step) % devices  # the key block at hand: it started on device p − step
+            j0 = j * size
+            visible = bool(
+                np.asarray(
+                    relattn.causal_mask(size, size, query_start=i0, key_start=j0, offset=0)
+                ).any()
+            )
+            ax.add_patch(
+                plt.Rectangle(
+                    (step, p),
+                    1,
+                    1,
+                    facecolor=colors(j) if visible else "white",
+                    hatch=None if visible else "//",
+                    edgecolor="#4a5568",
+                    lw=1,
+                )
+            )
+            ax.text(
+                step + 0.5,
+                p + 0.5,
+                f"K/V\nblock {j}" + ("" if visible else "\nskipped"),
+                ha="center",
+                va="center",
+                fontsize=10.5,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.5, "alpha": 0.85},
+            )
+            m0 = j0 - i0 - (size - 1) + length - 1
+            columns = (
+                np.asarray(
+                    relattn.relative_distances(size, size, query_start=i0, key_start=j0, offset=0)
+                )
+                + length
+                - 1
+            )
+            assert columns[0] == m0 and len(columns) == 2 * size - 1
+            bars.append((p, step, j, m0, visible))
+    ax.set_xlim(0, devices)
+    ax.set_ylim(devices, 0)
+    ax.set_xticks(np.arange(devices) + 0.5, [f"step {s}" for s in range(devices)], fontsize=11)
+    ax.set_yticks(
+        np.arange(devices) + 0.5,
+        [f"device {p}\nqueries {p * size}–{p * size + size - 1}" for p in range(devices)],
+        fontsize=11,
+    )
+    ax.xaxis.set_ticks_position("top")
+    ax.tick_params(length=0)
+    ax.set_title(
+        "causal: later key blocks are skipped\n(lax.cond); after each step the blocks\n"
+        "move one device on (lax.ppermute)",
+        fontsize=11,
+        pad=30,
+    )
+
+    ax = fig.add_subplot(grid[1])
+    width = 2 * length - 1
+    rows = len(bars)
+    for m in range(width):
+        ax.add_patch(
+            plt.Rectangle(
+                (m, -1.3), 1, 1, facecolor="#bee3f8" if m < length else "#edf2f7", edgecolor="white"
+            )
+        )
+        ax.text(m + 0.5, -0.8, str(m - (length - 1)), ha="center", va="center", fontsize=8)
+    for r, (p, step, j, m0, visible) in enumerate(bars):
+        y = r + 0.4 * p
+        ax.add_patch(
+            plt.Rectangle(
+                (m0, y),
+                2 * size - 1,
+                0.8,
+                facecolor=colors(j) if visible else "white",
+                hatch=None if visible else "//",
+                edgecolor="#4a5568",
+                lw=0.8,
+            )
+        )
+        ax.text(-0.4, y + 0.4, f"device {p}, step {step}", ha="right", va="center", fontsize=10)
+    ax.set_xlim(-7, width + 0.2)
+    ax.set_ylim(rows + 0.4 * devices, -1.5)
+    ax.set_xticks(np.arange(0, width, 2) + 0.5, [str(m) for m in range(0, width, 2)], fontsize=9)
+    ax.xaxis.set_ticks_position("top")
+    ax.set_yticks([])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(
+        f"the table columns m each step reads: m0 = j0 − i0 − (bq − 1) + Lq − 1,\n"
+        f"width bq + bk − 1 = {2 * size - 1}; "
+        f"Lq = Lk = {length}, bq = bk = {size} (top row: δ of each column, blue: δ ≤ 0)",
+        fontsize=11,
+    )

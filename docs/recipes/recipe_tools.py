@@ -62,3 +62,34 @@ def run_everywhere(example: ModuleType, **kwargs: Any) -> dict[str, dict[str, An
         shape = str(want.shape)
         print(f"{key:<{width}}  {shape:<14} " + "  ".join(f"{g:16.1e}" for g in gaps))
     return results
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A NumPy copy of an array of any of :data:`LIBRARIES` (through DLPack)."""
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, BufferError, RuntimeError):
+        return np.asarray(x)
+
+
+def compare_everywhere(
+    compute: Any, inputs: dict[str, np.ndarray]
+) -> dict[str, dict[str, np.ndarray]]:
+    """``compute(xp, arrays)`` on every installed library; prints max |Δ| from NumPy.
+
+    For the examples without a ``run(xp)``: ``inputs`` (NumPy) are converted
+    with each library's ``asarray``, ``compute`` returns a dict of arrays of
+    that library, and the results come back as NumPy arrays, by library.
+    """
+    results = {}
+    for name, lib in libraries().items():
+        arrays = {key: lib.asarray(value) for key, value in inputs.items()}
+        results[name] = {key: to_numpy(out) for key, out in compute(lib, arrays).items()}
+    reference = results["numpy"]
+    width = max(len(k) for k in reference)
+    print(f"{'result':<{width}}  shape          " + "  ".join(f"{n:>16}" for n in results))
+    for key, want in reference.items():
+        gaps = [np.max(np.abs(r[key] - want)) if want.size else 0.0 for r in results.values()]
+        shape = str(want.shape)
+        print(f"{key:<{width}}  {shape:<14} " + "  ".join(f"{g:16.1e}" for g in gaps))
+    return results

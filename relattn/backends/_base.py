@@ -124,6 +124,14 @@ class Backend:
         (fully masked rows are zero). Asked before the bias is built, so that a
         bias is never computed twice. ``None`` (the field) where the library has
         no kernel worth using; relattn then runs the generic array-API path.
+    rechunk_like : callable
+        ``(x, like) -> x`` for ``x`` made from ``like`` by a reshape (the shift
+        of :mod:`relattn.shift`), of ``like``'s shape but for the last axis:
+        ``x`` chunked as ``like`` along every other axis (the query axis
+        ``-2`` included) and in regular chunks of ``like``'s largest along the
+        last. Dask's reshapes otherwise leave ragged chunks along the sequence
+        (``63, 64, 1, 63, 64, 1, …``) that every later operation inherits.
+        Identity where arrays are not chunked.
     """
 
     name: str
@@ -144,3 +152,4 @@ class Backend:
     ring_attention: Any = None
     fused_attention: Callable[..., Any] | None = None
     peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None
+    rechunk_like: Callable[[Any, Any], Any] = _identity

@@ -29,6 +29,21 @@ def _persist(x: Any) -> Any:
     return x.persist()
 
 
+def _rechunk_like(x: Any, like: Any) -> Any:
+    """``x`` chunked as ``like`` but along the last axis, there in ``like``'s largest chunks.
+
+    A reshape through a flat axis (the shift) moves chunk boundaries by one
+    element per row: without this, the result's chunks along the query axis
+    are ragged (``63, 64, 1, …``) or one whole chunk, and so is everything
+    computed from it.
+    """
+    from dask.array.core import normalize_chunks
+
+    wanted = (*like.chunks[:-1], max(like.chunks[-1], default=1))
+    chunks = normalize_chunks(wanted, x.shape, dtype=x.dtype)
+    return x if chunks == x.chunks else x.rechunk(chunks)
+
+
 BACKEND = Backend(
     name="dask",
     library="dask",
@@ -38,5 +53,6 @@ BACKEND = Backend(
     to_host=_to_host,
     ready=_compute,
     materialize=_persist,
+    rechunk_like=_rechunk_like,
     device=host_only("dask"),
 )

@@ -89,10 +89,57 @@ def _peak_device_bytes(fn: Any, device: Any) -> int:
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:
-    """The kernel below for every input (relattn calls it only on non-empty ones)."""
+    """The kernel below for every input (relattn calls it only on non-empty ones).
+
+    DTensors get :func:`_dtensor_attention` instead: DTensor has no sharding
+    rule for the CPU fused kernel and propagates shardings through its whole
+    decomposition, which takes minutes on the first call.
+    """
     import functools
 
+    if any(_is_dtensor(x) for x in (q, k, v)):
+        return functools.partial(_dtensor_attention, q, k, v)
     return functools.partial(fused_attention, q, k, v)
+
+
+def _is_dtensor(x: Any) -> bool:
+    """``x`` is a ``torch.distributed.tensor.DTensor``.
+
+    Looked up in ``sys.modules``, not imported: importing
+    ``torch.distributed.tensor`` takes seconds, and no DTensor exists before it
+    has been imported.
+    """
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(x, module.DTensor)
+
+
+def _dtensor_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
+    """The kernel's contract on DTensors: relattn's generic array-API attention.
+
+    Every operation of the generic path has a DTensor sharding rule, and batch
+    or head shardings (``Shard`` of a leading axis) pass through them without
+    communication. A plain-tensor ``bias`` or ``mask`` (the causal mask relattn
+    builds) is the same on every rank: it joins as a replicated DTensor on the
+    inputs' mesh, since DTensor refuses to mix the two kinds.
+    """
+    from array_api_compat import torch as xp
+
+    from ..core import attend_generic
+
+    mesh = next(x.device_mesh for x in (q, k, v) if _is_dtensor(x))
+    bias, mask = (_replicated(a, mesh) for a in (bias, mask))
+    return attend_generic(q, k, v, bias, mask, scale, xp)
+
+
+def _replicated(x: Any, mesh: Any) -> Any:
+    """Plain tensor ``x`` as a DTensor replicated on ``mesh`` (``None`` and DTensors as given)."""
+    if x is None or _is_dtensor(x):
+        return x
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:

@@ -1,0 +1,525 @@
+"""Long sequences: peak memory and time of blockwise relative attention against dense.
+
+Causal Transformer-XL attention (``relative_attention`` with a causal-layout
+table, per-head ``u`` and ``v``), B = 1, H = 8, d = 64, float32, self-attention
+of length L. Three measurements, each printed as a markdown table and saved to
+``asv_bench/long-sequences.json`` (read by the docs' memory plot):
+
+``memory``
+    One fresh process per (backend, path, L): inputs, one call to warm up
+    (JAX compiles), then one timed call. Peak memory is the process's peak
+    resident set (``VmHWM``: NumPy, PyTorch and JAX allocations alike)
+    minus its resident set before the timed call, and, for the target, the
+    peak itself. Dense stops where its scores would not fit in memory.
+``speed``
+    At L = 4096, side by side in one process: blockwise ÷ dense, and blockwise
+    ÷ the three matrix products a dense call cannot avoid (``(q+u) kᵀ``,
+    ``(q+v) Rᵀ``, ``P v``, each timed alone). With ``--before DIR`` (a
+    directory holding an earlier ``relattn`` package, e.g. from
+    ``git archive <commit> relattn | tar -x -C DIR``), also blockwise ÷ that
+    release's dense path, imported beside the current one as ``relattn_before``.
+``backward``
+    One fresh process per (backend, path, L): peak resident memory and time of
+    the forward and backward pass (the gradient of ``sum(out · g)`` for all of
+    ``q``, ``k``, ``v``, the table, ``u`` and ``v``) on PyTorch and JAX.
+``flex``
+    PyTorch's FlexAttention (``torch.compile(flex_attention)``) with the
+    Transformer-XL position term as a ``score_mod`` (``(q+v) Rᵀ`` gathered per
+    distance) and a causal block mask, against relattn's blockwise path, time
+    and peak memory, at L = 4096 and 16 384.
+
+Usage (from the repository root)::
+
+    python asv_bench/long_sequences.py memory --backend numpy --lengths 1024 4096 16384 65536
+    python asv_bench/long_sequences.py speed --before /tmp/before
+    python asv_bench/long_sequences.py backward --lengths 4096 16384
+    python asv_bench/long_sequences.py flex
+    python asv_bench/long_sequences.py all      # all three, the JSON and the tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "long-sequences.json"
+HEADS, D_HEAD = 8, 64
+BACKENDS = ("numpy", "torch", "jax")
+LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+#: Dense holds a few (H, L, L) float32 arrays: beyond this length it would not fit here.
+DENSE_LIMIT = 8192
+
+
+# -- one call, in whatever process runs it -----------------------------------------------------
+def inputs(length: int, seed: int = 0) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int) -> Any:
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    return {
+        "q": normal(1, HEADS, length, D_HEAD),
+        "k": normal(1, HEADS, length, D_HEAD),
+        "v": normal(1, HEADS, length, D_HEAD),
+        "table": normal(HEADS, length, D_HEAD),  # the causal layout, W = Lk
+        "u": normal(HEADS, 1, D_HEAD) * 0.1,
+        "w": normal(HEADS, 1, D_HEAD) * 0.1,
+    }
+
+
+def relattn_call(backend: str, arrays: dict[str, Any], block_size: int | None) -> Any:
+    """A no-argument call of relattn on ``backend``'s copies of ``arrays`` (and the Backend)."""
+    import relattn
+    from relattn.backends import load
+
+    _, record = load(backend)
+    a = {name: record.from_host(x) for name, x in arrays.items()}
+
+    def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
+        return relattn.relative_attention(
+            q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
+        )
+
+    fn = record.jit(call)
+    return (lambda: record.ready(fn(**a))), record
+
+
+def measure_one(backend: str, path: str, length: int, block_size: int) -> dict[str, Any]:
+    """Run in a fresh process: peak RSS and seconds of one call."""
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+    if path == "dense":
+        os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)  # dense whatever the size
+    size = None if path == "dense" else block_size
+    call, _ = relattn_call(backend, inputs(length), size)
+    # One call only: the peak is the process's so far, so a warm-up call would hide
+    # the measured one. JAX compiles ahead of the call (record.compile's lower/compile).
+    if backend == "jax":
+        call = _compiled_ahead(backend, length, None if path == "dense" else block_size)
+    return _measured(call, backend=backend, path=path, length=length)
+
+
+def _measured(call: Any, **labels: Any) -> dict[str, Any]:
+    """``labels`` with the seconds of one ``call()``, the process's peak RSS and its increment."""
+    before = _rss_bytes()
+    start = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - start
+    peak = _peak_rss_bytes()
+    return {
+        **labels,
+        "peak_bytes": peak,
+        "increment_bytes": max(peak - before, 0),
+        "seconds": seconds,
+    }
+
+
+def _compiled_ahead(backend: str, length: int, block_size: int | None) -> Any:
+    """JAX: the call compiled before it runs (``jit(...).lower(...).compile()``)."""
+    import jax
+    import relattn
+    from relattn.backends import load
+
+    _, record = load(backend)
+    a = {name: record.from_host(x) for name, x in inputs(length).items()}
+
+    def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
+        return relattn.relative_attention(
+            q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
+        )
+
+    compiled = jax.jit(call).lower(**a).compile()
+    return lambda: jax.block_until_ready(compiled(**a))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set (``VmHWM``; ``ru_maxrss`` can carry a forking parent's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def sweep(
+    worker: str, backends: list[str], lengths: list[int], block_size: int, dense_limit: int
+) -> list[dict[str, Any]]:
+    """``worker`` (``one`` or ``backward-one``) in a fresh process per (backend, path, L)."""
+    rows = []
+    for backend in backends:
+        for path in ("dense", "blockwise"):
+            for length in lengths:
+                if path == "dense" and length > dense_limit:
+                    continue
+                command = [sys.executable, __file__, worker, backend, path, str(length),
+                           "--block-size", str(block_size)]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+                if done.returncode:
+                    print(f"{worker} {backend} {path} L={length}: failed\n{done.stderr[-2000:]}")
+                    continue
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                print(
+                    f"{worker:12} {backend:6} {path:9} L={length:6}:"
+                    f" peak {row['peak_bytes'] / 2**20:8.0f} MiB"
+                    f"  call {row['increment_bytes'] / 2**20:8.0f} MiB  {row['seconds']:8.2f} s",
+                    flush=True,
+                )
+                rows.append(row)
+    return rows
+
+
+def memory(backends: list[str], lengths: list[int], block_size: int) -> list[dict[str, Any]]:
+    return sweep("one", backends, lengths, block_size, DENSE_LIMIT)
+
+
+def growth(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], float]:
+    """Least-squares exponent of ``key`` against L (log–log), per (backend, path)."""
+    import numpy as np
+
+    out = {}
+    for backend, path in {(r["backend"], r["path"]) for r in rows}:
+        pts = sorted(
+            (r["length"], r[key]) for r in rows if (r["backend"], r["path"]) == (backend, path)
+        )
+        pts = [(x, y) for x, y in pts if y > 0 and x >= 2048]
+        if len(pts) >= 2:
+            x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+            out[backend, path] = float(np.polyfit(x, y, 1)[0])
+    return out
+
+
+# -- forward and backward -------------------------------------------------------
+def backward_one(backend: str, path: str, length: int, block_size: int) -> dict[str, Any]:
+    """Run in a fresh process: peak RSS and seconds of one forward and backward pass."""
+    import numpy as np
+    import relattn
+
+    size = None if path == "dense" else block_size
+    if path == "dense":
+        os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)
+    arrays = inputs(length)
+    names = ("q", "k", "v", "table", "u", "w")
+    cotangent = np.random.default_rng(1).standard_normal(arrays["q"].shape, dtype=np.float32)
+
+    def loss(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any, g: Any) -> Any:
+        out = relattn.relative_attention(
+            q, k, v, table, content_bias=u, position_bias=w, block_size=size
+        )
+        return (out * g).sum()
+
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        leaves = [torch.from_numpy(arrays[n]).requires_grad_() for n in names]
+        g = torch.from_numpy(cotangent)
+
+        def call() -> Any:
+            loss(*leaves, g).backward()
+            return [x.grad for x in leaves]
+
+    elif backend == "jax":
+        import jax
+
+        a = [jax.numpy.asarray(arrays[n]) for n in names]
+        g = jax.numpy.asarray(cotangent)
+        compiled = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*a, g).compile()
+
+        def call() -> Any:
+            return jax.block_until_ready(compiled(*a, g))
+
+    else:
+        raise SystemExit(f"backward: no gradients on {backend}")
+    return _measured(call, backend=backend, path=path, length=length)
+
+
+def backward(backends: list[str], lengths: list[int], block_size: int) -> list[dict[str, Any]]:
+    with_grads = [b for b in backends if b != "numpy"]
+    return sweep("backward-one", with_grads, lengths, block_size, DENSE_LIMIT // 2)
+
+
+# -- speed at L = 4096 -----------------------------------------------------------------------------
+def median_time(fn: Any, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls (at least one), after one untimed call if ``repeats``."""
+    if repeats:
+        fn()
+    times = []
+    for _ in range(max(repeats, 1)):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def load_before(directory: str) -> Any:
+    """The ``relattn`` package under ``directory``, imported as ``relattn_before``."""
+    import importlib.util
+
+    init = Path(directory) / "relattn" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "relattn_before", init, submodule_search_locations=[str(init.parent)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["relattn_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def before_call(module: Any, backend: str, arrays: dict[str, Any]) -> Any:
+    """The earlier release's (dense) ``relative_attention`` on the same inputs."""
+    from relattn.backends import load
+
+    _, record = load(backend)
+    a = {name: record.from_host(x) for name, x in arrays.items()}
+
+    def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
+        return module.relative_attention(q, k, v, table, content_bias=u, position_bias=w)
+
+    fn = record.jit(call)
+    return lambda: record.ready(fn(**a))
+
+
+def speed(
+    backends: list[str], length: int, block_size: int, repeats: int, before: str | None
+) -> list[dict[str, Any]]:
+    rows = []
+    arrays = inputs(length)
+    os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)  # dense means dense here
+    earlier = load_before(before) if before else None
+    for backend in backends:
+        calls = {
+            "dense": relattn_call(backend, arrays, None)[0],
+            "blockwise": relattn_call(backend, arrays, block_size)[0],
+            "products": matmuls(backend, arrays, load(backend)[1]),
+        }
+        if earlier is not None:
+            calls["before"] = before_call(earlier, backend, arrays)
+        for fn in calls.values():
+            fn()
+        # alternate the calls, so that drifts hit them alike
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(repeats):
+            for name, fn in calls.items():
+                times[name].append(median_time(fn, 0))
+        row: dict[str, Any] = {"backend": backend, "length": length, "block_size": block_size}
+        row.update({name: statistics.median(t) for name, t in times.items()})
+        b = row["blockwise"]
+        text = " ".join(f" {name} {row[name] * 1e3:8.1f} ms" for name in calls)
+        ratios = " ".join(
+            f" blockwise/{name} {b / row[name]:5.2f}" for name in calls if name != "blockwise"
+        )
+        print(f"{backend:6} L={length}:{text} {ratios}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def load(backend: str) -> Any:
+    from relattn.backends import load as load_backend
+
+    return load_backend(backend)
+
+
+def matmuls(backend: str, arrays: dict[str, Any], record: Any) -> Any:
+    """The three products of a dense causal call, each over the whole (L, L) scores."""
+    from relattn.backends import load
+
+    lib, _ = load(backend)
+    a = {name: record.from_host(x) for name, x in arrays.items()}
+    q, k, v, table, u, w = (a[n] for n in ("q", "k", "v", "table", "u", "w"))
+
+    def transpose(x: Any) -> Any:
+        return lib.swapaxes(x, -1, -2) if hasattr(lib, "swapaxes") else x.mT
+
+    def products(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
+        scores = (q + u) @ transpose(k)
+        position = (q + w) @ transpose(table)
+        return scores, position, scores @ v
+
+    fn = record.jit(products)
+    return lambda: record.ready(fn(q, k, v, table, u, w))
+
+
+# -- FlexAttention ---------------------------------------------------------------------------------
+def flex(lengths: list[int], block_size: int, repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for length in lengths:
+        for who in ("flex", "relattn"):
+            command = [sys.executable, __file__, "flex-one", who, str(length),
+                       "--block-size", str(block_size), "--repeats", str(repeats)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+            if done.returncode:
+                print(f"{who} L={length}: failed\n{done.stderr[-3000:]}")
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            print(
+                f"{who:8} L={length:6}: {row['seconds'] * 1e3:9.1f} ms"
+                f"  peak {row['peak_bytes'] / 2**20:7.0f} MiB"
+                f"  call {row['increment_bytes'] / 2**20:7.0f} MiB"
+                f"  (compile {row['compile_seconds']:.0f} s)",
+                flush=True,
+            )
+            rows.append(row)
+    return rows
+
+
+def flex_one(who: str, length: int, block_size: int, repeats: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    arrays = {n: torch.from_numpy(x) for n, x in inputs(length).items()}
+    q, k, v, table, u, w = (arrays[n] for n in ("q", "k", "v", "table", "u", "w"))
+    scale = D_HEAD**-0.5
+    if who == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention, dynamic=False)
+
+        def causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return q_idx >= kv_idx
+
+        start = time.perf_counter()
+        mask = create_block_mask(causal, None, None, length, length, device="cpu")
+
+        def call() -> Any:
+            # The Transformer-XL position term per distance, (q + v)·Rᵀ: column m is δ = m - (L-1).
+            position = ((q + w) @ table.transpose(-1, -2)) * scale  # (1, H, L, L)
+
+            def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+                return score + position[b, h, q_idx, kv_idx - q_idx + length - 1]
+
+            return compiled(q + u, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
+
+        call()
+        compile_seconds = time.perf_counter() - start
+    else:
+        import relattn
+
+        start = time.perf_counter()
+
+        def call() -> Any:
+            return relattn.relative_attention(
+                q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
+            )
+
+        call()
+        compile_seconds = time.perf_counter() - start
+    before = _rss_bytes()
+    seconds = statistics.median(_timed(call) for _ in range(repeats))
+    peak = _peak_rss_bytes()
+    del np
+    return {
+        "who": who,
+        "length": length,
+        "seconds": seconds,
+        "peak_bytes": peak,
+        "increment_bytes": max(peak - before, 0),
+        "compile_seconds": compile_seconds,
+    }
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# -- the command line ------------------------------------------------------------
+def environment() -> str:
+    import numpy as np
+
+    parts = [platform.machine(), f"{os.cpu_count()} CPUs", f"numpy {np.__version__}"]
+    for name in ("torch", "jax"):
+        try:
+            module = __import__(name)
+            parts.append(f"{name} {module.__version__}")
+        except ImportError:
+            pass
+    return ", ".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("memory", "speed", "backward", "flex", "all"):
+        p = sub.add_parser(name)
+        p.add_argument("--backend", action="append", choices=BACKENDS)
+        p.add_argument("--lengths", type=int, nargs="+")
+        p.add_argument("--block-size", type=int, default=512)
+        p.add_argument("--repeats", type=int, default=5)
+        p.add_argument("--before", help="directory of an earlier relattn package (speed)")
+        p.add_argument("--no-save", action="store_true")
+    one = sub.add_parser("one")
+    one.add_argument("backend")
+    one.add_argument("path")
+    one.add_argument("length", type=int)
+    one.add_argument("--block-size", type=int, default=512)
+    back = sub.add_parser("backward-one")
+    back.add_argument("backend")
+    back.add_argument("path")
+    back.add_argument("length", type=int)
+    back.add_argument("--block-size", type=int, default=512)
+    flex_parser = sub.add_parser("flex-one")
+    flex_parser.add_argument("who")
+    flex_parser.add_argument("length", type=int)
+    flex_parser.add_argument("--block-size", type=int, default=512)
+    flex_parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    if args.command == "one":
+        print(json.dumps(measure_one(args.backend, args.path, args.length, args.block_size)))
+        return 0
+    if args.command == "backward-one":
+        row = backward_one(args.backend, args.path, args.length, args.block_size)
+        print(json.dumps(row))
+        return 0
+    if args.command == "flex-one":
+        print(json.dumps(flex_one(args.who, args.length, args.block_size, args.repeats)))
+        return 0
+    backends = args.backend or list(BACKENDS)
+    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    saved.update({"command": "python asv_bench/" + " ".join([Path(__file__).name, *sys.argv[1:]]),
+                  "environment": environment()})  # fmt: skip
+    if args.command in ("memory", "all"):
+        saved["rows"] = memory(backends, args.lengths or list(LENGTHS), args.block_size)
+        for key in ("peak_bytes", "seconds"):
+            for (backend, path), exponent in sorted(growth(saved["rows"], key).items()):
+                print(f"growth of {key} with L, {backend} {path}: L^{exponent:.2f}")
+    if args.command in ("speed", "all"):
+        saved["speed"] = [
+            row
+            for length in (args.lengths if args.command == "speed" and args.lengths else [4096])
+            for row in speed(backends, length, args.block_size, args.repeats, args.before)
+        ]
+    if args.command in ("backward", "all"):
+        lengths = args.lengths or [2048, 4096, 16384]
+        saved["backward"] = backward(backends, lengths, args.block_size)
+    if args.command in ("flex", "all"):
+        saved["flex"] = flex(args.lengths or [4096, 16384], args.block_size, args.repeats)
+    if not args.no_save:
+        RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""relattn on torch DTensors: batch and head parallelism is the caller's sharding (SPEC §2.14).
+
+Each world size runs ``tests/_dtensor_worker.py`` once per rank, in processes
+of their own joined by a gloo process group on 127.0.0.1 (a free port). The
+inputs are DTensors sharded along the batch (``Shard(0)``), the heads
+(``Shard(1)``, with the per-head parameters sharded along theirs) or
+replicated; the layers are Transformer-XL's causal layout, the full layout,
+and scaled dot-product attention with a T5-style bias, an ALiBi bias in the
+causal layout and ``causal=True``. Each must give a DTensor with the inputs'
+placement, equal to the plain-tensor result, on its first call within seconds
+(DTensor's sharding propagation through the CPU fused kernel's decomposition
+took minutes: DTensors take the generic path) and without any collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+WORKER = Path(__file__).with_name("_dtensor_worker.py")
+LAYERS = ("transformer_xl", "full_layout", "t5_bias", "alibi_causal", "causal_flag")
+PLACEMENTS = ("S(0)", "S(1)", "R")
+#: The first call on DTensors, sharding propagation included (about 1 s here).
+FIRST_CALL_SECONDS = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world: int) -> list[dict]:
+    """The worker's JSON report of every rank of a ``world``-process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    port = _free_port()
+    processes = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    reports = []
+    try:
+        for rank, process in enumerate(processes):
+            stdout, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
+            reports.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return reports
+
+
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_dtensor_layers_equal_plain_tensors(world):
+    reports = run_world(world)
+    assert [r["rank"] for r in reports] == list(range(world))
+    for report in reports:
+        assert report["world"] == world
+        assert set(report["report"]) == set(LAYERS)
+        for layer, rows in report["report"].items():
+            assert set(rows) == set(PLACEMENTS), layer
+            for placement, row in rows.items():
+                where = f"rank {report['rank']}, {layer}, {placement}"
+                assert row["dtensor"], where
+                assert row["placements"] == [placement], where
+                assert row["error"] < 1e-10, where
+                assert row["collectives"] == 0, where
+                assert row["seconds"] < FIRST_CALL_SECONDS, where
