@@ -79,7 +79,7 @@ def inputs(length: int, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def relattn_call(backend: str, arrays: dict[str, Any], block_size: int | None) -> Any:
+def relattn_call(backend: str, arrays: dict[str, Any], block_size: Any | None) -> Any:
     """A no-argument call of relattn on ``backend``'s copies of ``arrays`` (and the Backend)."""
     import relattn
     from relattn.backends import load
@@ -96,7 +96,7 @@ def relattn_call(backend: str, arrays: dict[str, Any], block_size: int | None) -
     return (lambda: record.ready(fn(**a))), record
 
 
-def measure_one(backend: str, path: str, length: int, block_size: int) -> dict[str, Any]:
+def measure_one(backend: str, path: str, length: int, block_size: Any) -> dict[str, Any]:
     """Run in a fresh process: peak RSS and seconds of one call."""
     if backend == "torch":
         import torch
@@ -128,7 +128,7 @@ def _measured(call: Any, **labels: Any) -> dict[str, Any]:
     }
 
 
-def _compiled_ahead(backend: str, length: int, block_size: int | None) -> Any:
+def _compiled_ahead(backend: str, length: int, block_size: Any | None) -> Any:
     """JAX: the call compiled before it runs (``jit(...).lower(...).compile()``)."""
     import jax
     import relattn
@@ -160,8 +160,13 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _sizes(block_size: Any) -> list[str]:
+    """``--block-size``'s arguments for ``block_size`` (an integer or a pair)."""
+    return [str(n) for n in (block_size if isinstance(block_size, tuple) else (block_size,))]
+
+
 def sweep(
-    worker: str, backends: list[str], lengths: list[int], block_size: int, dense_limit: int
+    worker: str, backends: list[str], lengths: list[int], block_size: Any, dense_limit: int
 ) -> list[dict[str, Any]]:
     """``worker`` (``one`` or ``backward-one``) in a fresh process per (backend, path, L)."""
     rows = []
@@ -171,7 +176,7 @@ def sweep(
                 if path == "dense" and length > dense_limit:
                     continue
                 command = [sys.executable, __file__, worker, backend, path, str(length),
-                           "--block-size", str(block_size)]  # fmt: skip
+                           "--block-size", *_sizes(block_size)]  # fmt: skip
                 done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
                 if done.returncode:
                     print(f"{worker} {backend} {path} L={length}: failed\n{done.stderr[-2000:]}")
@@ -187,7 +192,7 @@ def sweep(
     return rows
 
 
-def memory(backends: list[str], lengths: list[int], block_size: int) -> list[dict[str, Any]]:
+def memory(backends: list[str], lengths: list[int], block_size: Any) -> list[dict[str, Any]]:
     return sweep("one", backends, lengths, block_size, DENSE_LIMIT)
 
 
@@ -208,7 +213,7 @@ def growth(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], float]
 
 
 # -- forward and backward -------------------------------------------------------
-def backward_one(backend: str, path: str, length: int, block_size: int) -> dict[str, Any]:
+def backward_one(backend: str, path: str, length: int, block_size: Any) -> dict[str, Any]:
     """Run in a fresh process: peak RSS and seconds of one forward and backward pass."""
     import numpy as np
     import relattn
@@ -252,7 +257,7 @@ def backward_one(backend: str, path: str, length: int, block_size: int) -> dict[
     return _measured(call, backend=backend, path=path, length=length)
 
 
-def backward(backends: list[str], lengths: list[int], block_size: int) -> list[dict[str, Any]]:
+def backward(backends: list[str], lengths: list[int], block_size: Any) -> list[dict[str, Any]]:
     with_grads = [b for b in backends if b != "numpy"]
     return sweep("backward-one", with_grads, lengths, block_size, DENSE_LIMIT // 2)
 
@@ -300,7 +305,7 @@ def before_call(module: Any, backend: str, arrays: dict[str, Any]) -> Any:
 
 
 def speed(
-    backends: list[str], length: int, block_size: int, repeats: int, before: str | None
+    backends: list[str], length: int, block_size: Any, repeats: int, before: str | None
 ) -> list[dict[str, Any]]:
     rows = []
     arrays = inputs(length)
@@ -360,12 +365,12 @@ def matmuls(backend: str, arrays: dict[str, Any], record: Any) -> Any:
 
 
 # -- FlexAttention ---------------------------------------------------------------------------------
-def flex(lengths: list[int], block_size: int, repeats: int) -> list[dict[str, Any]]:
+def flex(lengths: list[int], block_size: Any, repeats: int) -> list[dict[str, Any]]:
     rows = []
     for length in lengths:
         for who in ("flex", "relattn"):
             command = [sys.executable, __file__, "flex-one", who, str(length),
-                       "--block-size", str(block_size), "--repeats", str(repeats)]  # fmt: skip
+                       "--block-size", *_sizes(block_size), "--repeats", str(repeats)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:
                 print(f"{who} L={length}: failed\n{done.stderr[-3000:]}")
@@ -382,7 +387,7 @@ def flex(lengths: list[int], block_size: int, repeats: int) -> list[dict[str, An
     return rows
 
 
-def flex_one(who: str, length: int, block_size: int, repeats: int) -> dict[str, Any]:
+def flex_one(who: str, length: int, block_size: Any, repeats: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
@@ -465,7 +470,7 @@ def main() -> int:
         p = sub.add_parser(name)
         p.add_argument("--backend", action="append", choices=BACKENDS)
         p.add_argument("--lengths", type=int, nargs="+")
-        p.add_argument("--block-size", type=int, default=512)
+        p.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
         p.add_argument("--repeats", type=int, default=5)
         p.add_argument("--before", help="directory of an earlier relattn package (speed)")
         p.add_argument("--no-save", action="store_true")
@@ -473,18 +478,20 @@ def main() -> int:
     one.add_argument("backend")
     one.add_argument("path")
     one.add_argument("length", type=int)
-    one.add_argument("--block-size", type=int, default=512)
+    one.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
     back = sub.add_parser("backward-one")
     back.add_argument("backend")
     back.add_argument("path")
     back.add_argument("length", type=int)
-    back.add_argument("--block-size", type=int, default=512)
+    back.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
     flex_parser = sub.add_parser("flex-one")
     flex_parser.add_argument("who")
     flex_parser.add_argument("length", type=int)
-    flex_parser.add_argument("--block-size", type=int, default=512)
+    flex_parser.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
     flex_parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    # one size for both blocks, or (query block, key block)
+    args.block_size = args.block_size[0] if len(args.block_size) == 1 else tuple(args.block_size)
 
     if args.command == "one":
         print(json.dumps(measure_one(args.backend, args.path, args.length, args.block_size)))

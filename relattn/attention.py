@@ -106,11 +106,13 @@ def scaled_dot_product_attention(
         Mask the keys after each query (``δ > 0``), without a mask array.
     scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default.
-    block_size : int, optional
-        Run blockwise with query and key blocks of this size (online softmax,
-        memory ``O(Lq·d + block_size²)`` per head instead of ``O(Lq·Lk)``).
-        Default: dense while the scores fit relattn's memory budget, blockwise
-        beyond it.
+    block_size : int or (int, int), optional
+        Run blockwise with query and key blocks of this size, or of sizes
+        ``(query_block, key_block)`` (online softmax, memory
+        ``O(Lq·d + query_block·key_block)`` per head instead of
+        ``O(Lq·Lk)``). Default: dense while one score array fits relattn's
+        memory budget (``RELATTN_MAX_SCORE_BYTES``), blockwise with blocks of
+        ``(256, 512)`` beyond it.
 
     Returns
     -------
@@ -124,7 +126,7 @@ def scaled_dot_product_attention(
     ValueError
         If shapes do not match (``q``/``k`` feature size, ``k``/``v`` length,
         leading dimensions, ``mask``, ``bias`` or ``relative_bias`` shape),
-        ``d = 0`` with the default scale, or ``block_size < 1``.
+        ``d = 0`` with the default scale, or a block size below 1.
     TypeError
         If an input is not a real floating array (``None``, a list), ``mask``
         is not boolean, ``causal`` is not a bool, ``scale`` is not a real
@@ -228,8 +230,8 @@ def relative_attention(
         Mask ``δ > 0`` with full-layout inputs too.
     scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default; TENER uses ``1``.
-    block_size : int, optional
-        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
+    block_size : int or (int, int), optional
+        Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -242,7 +244,7 @@ def relative_attention(
     ValueError
         If shapes do not match, including a table or ``relative_bias`` width
         ``W`` that fits neither layout, a bias that does not broadcast to
-        ``q``, ``d = 0`` with the default scale, or ``block_size < 1``.
+        ``q``, ``d = 0`` with the default scale, or a block size below 1.
     TypeError
         If an input is not a real floating array, ``mask`` is not boolean,
         ``causal`` is not a bool, ``scale`` is not a real number, or the

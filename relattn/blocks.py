@@ -434,7 +434,7 @@ def query_rows(blocks: Blocks, i0: int, i1: int) -> Blocks:
     )
 
 
-def blockwise(blocks: Blocks, xp: Any, *, block_size: int, dtype: Any) -> Any:
+def blockwise(blocks: Blocks, xp: Any, *, block_size: tuple[int, int], dtype: Any) -> Any:
     """The core's attention, a query block and a key block at a time.
 
     The backend's own loop runs it where it has one (``Backend.blockwise``:
@@ -448,7 +448,12 @@ def blockwise(blocks: Blocks, xp: Any, *, block_size: int, dtype: Any) -> Any:
     if backend.blockwise is not None:
         return backend.blockwise(blocks, xp, block_size=block_size, dtype=dtype)
     return static_blocks(
-        blocks, xp, query_block=block_size, key_block=block_size, dtype=dtype, recompute=True
+        blocks,
+        xp,
+        query_block=block_size[0],
+        key_block=block_size[1],
+        dtype=dtype,
+        recompute=True,
     )
 
 

@@ -184,7 +184,7 @@ def check_options(
     causal: Any,
     scale: Any,
     block_size: Any,
-) -> tuple[Any, bool, int | None]:
+) -> tuple[Any, bool, tuple[int, int] | None]:
     """The keywords every attention function shares; return ``(scale, causal, block_size)``."""
     lq, lk = scores_shape[-2:]
     check_mask(mask, scores_shape, xp)
@@ -192,9 +192,25 @@ def check_options(
     check_relative_bias(relative_bias, lq, lk, scores_shape)
     causal = _checks.flag("causal", causal)
     scale = _checks.scale(scale, d, xp)
-    if block_size is not None:
-        block_size = _checks.length("block_size", block_size)
-    return scale, causal, block_size
+    return scale, causal, check_block_size(block_size)
+
+
+def check_block_size(block_size: Any) -> tuple[int, int] | None:
+    """``None``, or ``(query_block, key_block)`` from an integer or a pair of integers."""
+    if block_size is None:
+        return None
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise ValueError(
+                "block_size must be an integer or a pair (query block, key block),"
+                f" got a {type(block_size).__name__} of {len(block_size)}"
+            )
+        return (
+            _checks.length("block_size[0]", block_size[0]),
+            _checks.length("block_size[1]", block_size[1]),
+        )
+    size = _checks.length("block_size", block_size)
+    return size, size
 
 
 # -------------------------------------------------------------------------------------------
@@ -216,7 +232,7 @@ def attention(
     bias: Any = None,
     mask: Any = None,
     causal: bool = False,
-    block_size: int | None = None,
+    block_size: tuple[int, int] | None = None,
 ) -> Any:
     """Relative attention with every term of the module docstring, on checked, cast inputs.
 
@@ -232,7 +248,12 @@ def attention(
         causal=causal,
     )  # fmt: skip
     dtype = xp.result_type(q, v)
-    if block_size is None:
+    terms = (key_table, query_table, value_table, relative_bias, bias, mask)
+    if block_size is None and (
+        causal or any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None
+    ):
+        # A fused kernel with nothing of size (Lq, Lk) to add computes in tiles of its
+        # own, faster than relattn's loop: it keeps the call whatever the length.
         block_size = automatic_block_size(q, k, v, xp)
     # Empty axes take the whole-array path: an empty result, or zero rows where no key is.
     nonempty = all(n > 0 for n in (*q.shape, *k.shape, *v.shape))
@@ -277,13 +298,18 @@ def _position(blocks: Blocks, xp: Any) -> Any:
     return blocks.bias if position is None else position + blocks.bias
 
 
-#: Default memory budget of one ``(..., Lq, Lk)`` score array: beyond it, blockwise.
-MAX_SCORE_BYTES = 1 << 30
-#: Query and key block size of the automatic blockwise path.
-AUTOMATIC_BLOCK_SIZE = 512
+#: Default budget of one ``(..., Lq, Lk)`` score array: beyond it, blockwise. Measured
+#: on a 2-core CPU (causal Transformer-XL attention, H = 8, float32), the blockwise path
+#: is the faster from L = 1024 (32 MiB of scores) on NumPy, PyTorch and JAX, and the
+#: slower at L = 512 (8 MiB) on PyTorch and JAX: ``asv_bench/long_sequences.py speed``.
+MAX_SCORE_BYTES = 1 << 24
+#: Query and key block sizes of the automatic blockwise path. Query blocks half as long
+#: as key blocks: a block pair's position term has ``bq + bk - 1`` columns, so it costs
+#: ``(bq + bk - 1) / bk`` times the content term (about 1.5 here, 2 with square blocks).
+AUTOMATIC_BLOCK_SIZE = (256, 512)
 
 
-def automatic_block_size(q: Any, k: Any, v: Any, xp: Any) -> int | None:
+def automatic_block_size(q: Any, k: Any, v: Any, xp: Any) -> tuple[int, int] | None:
     """``None`` (dense) while one score array fits the budget, else :data:`AUTOMATIC_BLOCK_SIZE`.
 
     The budget is ``RELATTN_MAX_SCORE_BYTES`` (bytes) when set, else

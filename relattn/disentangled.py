@@ -53,8 +53,8 @@ def disentangled_attention(
     scale : float or 0-d array, optional
         Score scale; by default ``1/√(3d)`` with both tables, ``1/√(2d)``
         with one (DeBERTa's ``scale_factor = 1 + len(pos_att_type)``).
-    block_size : int, optional
-        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
+    block_size : int or (int, int), optional
+        Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -67,7 +67,7 @@ def disentangled_attention(
     ValueError
         If shapes do not match (feature sizes, table widths that fit neither
         layout, leading dimensions, ``mask``, ``bias``, ``relative_bias``),
-        ``d = 0`` with the default scale, or ``block_size < 1``.
+        ``d = 0`` with the default scale, or a block size below 1.
     TypeError
         If an input is not a real floating array, ``mask`` is not boolean,
         ``causal`` not a bool, ``scale`` not a real number, or the arrays come

@@ -87,8 +87,8 @@ def shaw_attention(
         ``K``, or ``(K_past, K_future)`` for asymmetric tables of
         ``K_past + K_future + 1`` rows (WeNet clips at ``(64, 8)``), for both
         tables. Default: each table symmetric, ``K`` from its rows.
-    block_size : int, optional
-        Blockwise with this block size; see :func:`scaled_dot_product_attention`.
+    block_size : int or (int, int), optional
+        Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------

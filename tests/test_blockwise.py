@@ -190,7 +190,7 @@ class Case:
     function: str
     lq: int
     lk: int
-    blocks: tuple[int, ...]
+    blocks: tuple[int | tuple[int, int], ...]  # a size, or (query block, key block)
     layout: str = "full"
     causal: bool = False
     mask: str | None = None
@@ -212,10 +212,10 @@ CASES = {
     # scaled_dot_product_attention
     "sdpa-plain": Case("sdpa", 5, 7, (3, BIG_BLOCK)),
     "sdpa-bias-mask": Case("sdpa", 6, 5, (1, 4), bias="pair", mask="full", shared_kv=True),
-    "sdpa-t5": Case("sdpa", 6, 9, (4,), relative_bias="t5", mask="keys", scale=1.0),
+    "sdpa-t5": Case("sdpa", 6, 9, (4, (2, 3)), relative_bias="t5", mask="keys", scale=1.0),
     "sdpa-alibi-causal-layout": Case("sdpa", 7, 4, (3,), layout="causal", relative_bias="alibi"),
     "sdpa-causal-decode": Case("sdpa", 1, 6, (1, 4), causal=True),
-    "sdpa-causal": Case("sdpa", 6, 6, (4,), causal=True, relative_bias="alibi", mask="rows"),
+    "sdpa-causal": Case("sdpa", 6, 6, (4, (3, 2)), causal=True, relative_bias="alibi", mask="rows"),
     # relative_attention
     "txl-memory": Case(
         "relative",
@@ -227,7 +227,7 @@ CASES = {
         biases=True,
         mask="keys",
     ),
-    "xlnet-full": Case("relative", 7, 5, (2,), table="shared", biases=True, mask="pair"),
+    "xlnet-full": Case("relative", 7, 5, (2, (3, 2)), table="shared", biases=True, mask="pair"),
     "tener": Case("relative", 5, 7, (4,), table="tener", biases=True, scale=1.0),
     "relative-values-causal-layout": Case(
         "relative",
@@ -254,7 +254,7 @@ CASES = {
         "relative", 5, 5, (2,), value_table="heads", causal=True, relative_bias="alibi"
     ),
     # shaw_attention
-    "shaw-clip": Case("shaw", 5, 7, (3,), radius=(2, 2), mask="vector"),
+    "shaw-clip": Case("shaw", 5, 7, (3, (2, 4)), radius=(2, 2), mask="vector"),
     "shaw-zero": Case(
         "shaw", 7, 5, (2, BIG_BLOCK), radius=(1, 1), out_of_range="zero", mask="key_row"
     ),
@@ -263,7 +263,7 @@ CASES = {
     ),
     "shaw-keys-only": Case("shaw", 1, 5, (1,), radius=(2, 2), shaw_values=False),
     # disentangled_attention
-    "deberta-both": Case("disentangled", 5, 7, (3,), mask="full", bias="vector"),
+    "deberta-both": Case("disentangled", 5, 7, (3, (1, 2)), mask="full", bias="vector"),
     "deberta-key": Case("disentangled", 6, 4, (2,), tables="key", mask="pair"),
     "deberta-query-causal-layout": Case(
         "disentangled", 4, 6, (4,), tables="query", layout="causal"
@@ -495,8 +495,10 @@ def test_cases_cover_the_brief():
     assert any(c.lq == 1 for c in cases)
     assert any(c.lq > c.lk for c in cases) and any(c.lq < c.lk for c in cases)
     assert any(1 in c.blocks for c in cases)
-    assert any(b > max(c.lq, c.lk) for c in cases for b in c.blocks)
-    assert any(c.lq % b and c.lk % b for c in cases for b in c.blocks)
+    square = [(c, b) for c in cases for b in c.blocks if isinstance(b, int)]
+    assert any(b > max(c.lq, c.lk) for c, b in square)
+    assert any(c.lq % b and c.lk % b for c, b in square)
+    assert any(isinstance(b, tuple) and b[0] != b[1] for c in cases for b in c.blocks)
     assert {c.mask for c in cases} >= {"pair", "keys", "full", "key_row", "rows", "vector"}
     assert {c.function for c in cases} == set(FUNCTIONS)
     # rows with no key at all, under causal with Lq > Lk
@@ -587,17 +589,17 @@ def _spy_blockwise(monkeypatch):
 
 @pytest.mark.parametrize("name", ["sdpa-bias-mask", "txl-memory"])
 def test_automatic_choice_goes_blockwise(backend, name, monkeypatch):
-    """``block_size=None``: dense on small inputs; with a budget of 1 byte the same call takes the
-    blockwise path (block ``AUTOMATIC_BLOCK_SIZE``, set to 3 here) and gives the same result."""
+    """``block_size=None``: dense on small inputs; with a budget of 1 byte the same call takes
+    the blockwise path (blocks ``AUTOMATIC_BLOCK_SIZE``, (2, 3) here) and gives the same result."""
     case, data = CASES[name], _data(name)
     calls = _spy_blockwise(monkeypatch)
     monkeypatch.delenv("RELATTN_MAX_SCORE_BYTES", raising=False)
     (dense,) = _call(backend, case, data, "float64", (None,))
     assert calls == []
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", "1")
-    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", 3)
+    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", (2, 3))
     (automatic,) = _call(backend, case, data, "float64", (None,))
-    assert calls == [3]
+    assert calls == [(2, 3)]
     backend.assert_close(automatic, _host(backend, dense), "float64")
     backend.assert_close(automatic, data.expected, "float64")
     _check_rows(backend, automatic, data)
@@ -614,14 +616,29 @@ def test_automatic_choice_threshold(dtype_name, monkeypatch):
     q, k, v = (xp.asarray(a, dtype=getattr(xp, dtype_name)) for a in data.positional)
     score_bytes = BATCH * HEADS * case.lq * case.lk * np.dtype(dtype_name).itemsize
     calls = _spy_blockwise(monkeypatch)
-    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", 2)
+    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", (2, 2))
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", str(score_bytes))
     dense = relattn.scaled_dot_product_attention(q, k, v)
     assert calls == []
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", str(score_bytes - 1))
     blocked = relattn.scaled_dot_product_attention(q, k, v)
-    assert calls == [2]
+    assert calls == [(2, 2)]
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), **TOLERANCES[dtype_name])
+
+
+def test_automatic_choice_keeps_a_fused_kernel_with_nothing_to_add(torch_backend, monkeypatch):
+    """A call that PyTorch's fused kernel takes with no bias, mask or relative term (it tiles
+    the scores itself) stays dense at any budget; ``causal=True`` (a mask) goes blockwise."""
+    name = "sdpa-plain"
+    data = _data(name)
+    q, k, v = (torch_backend.asarray(a, "float64") for a in data.positional)
+    calls = _spy_blockwise(monkeypatch)
+    monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", "1")
+    plain = relattn.scaled_dot_product_attention(q, k, v)
+    assert calls == []
+    torch_backend.assert_close(plain, data.expected, "float64")
+    relattn.scaled_dot_product_attention(q, k, v, causal=True)
+    assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]
 
 
 # ===============================================================================================

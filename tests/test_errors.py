@@ -1402,10 +1402,19 @@ def test_causal_must_be_a_bool(backend, name, causal):
 @pytest.mark.parametrize("name", ATTENTION)
 @pytest.mark.parametrize(
     ("block_size", "error"),
-    [(0, ValueError), (-2, ValueError), (2.5, TypeError), (True, TypeError)],
+    [
+        (0, ValueError),
+        (-2, ValueError),
+        (2.5, TypeError),
+        (True, TypeError),
+        ((2, 0), ValueError),
+        ((2, 2.5), TypeError),
+        ((2, 3, 4), ValueError),
+        ("8", TypeError),
+    ],
 )
 def test_bad_block_size(backend, name, block_size, error):
-    with pytest.raises(error, match=r"^block_size must be"):
+    with pytest.raises(error, match=r"^block_size(\[[01]\])? must be"):
         _attend(backend, name, block_size=block_size)
 
 

@@ -131,7 +131,7 @@ def _slice_axis(x: Any, start: Any, size: int, axis: int) -> Any:
     return lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
 
 
-def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
+def blockwise(blocks: Any, xp: Any, *, block_size: tuple[int, int], dtype: Any) -> Any:
     """relattn's blockwise path in JAX's own loops: one block step, compiled once.
 
     Query blocks run under ``lax.map`` (one after the other), each wrapped in
@@ -149,7 +149,7 @@ def blockwise(blocks: Any, xp: Any, *, block_size: int, dtype: Any) -> Any:
 
     rel = blocks.rel
     lq, lk = rel.lq, rel.lk
-    bq, bk = min(block_size, lq), min(block_size, lk)
+    bq, bk = min(block_size[0], lq), min(block_size[1], lk)
     nq, nk = -(-lq // bq), -(-lk // bk)
     rows, cols = nq * bq, nk * bk
     padded = blk.Blocks(
