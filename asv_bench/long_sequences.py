@@ -96,20 +96,30 @@ def relattn_call(backend: str, arrays: dict[str, Any], block_size: Any | None) -
     return (lambda: record.ready(fn(**a))), record
 
 
-def measure_one(backend: str, path: str, length: int, block_size: Any) -> dict[str, Any]:
-    """Run in a fresh process: peak RSS and seconds of one call."""
+def measure_one(
+    backend: str, path: str, length: int, block_size: Any, before: str | None = None
+) -> dict[str, Any]:
+    """Run in a fresh process: peak RSS and seconds of one call.
+
+    ``path``: ``dense``, ``blockwise`` or ``before`` (the earlier release in
+    directory ``before``, whose dense path held the whole ``(L, L)`` scores).
+    """
     if backend == "torch":
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
     if path == "dense":
         os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)  # dense whatever the size
-    size = None if path == "dense" else block_size
-    call, _ = relattn_call(backend, inputs(length), size)
+    module = load_before(before) if path == "before" and before else None
+    size = block_size if path == "blockwise" else None
     # One call only: the peak is the process's so far, so a warm-up call would hide
-    # the measured one. JAX compiles ahead of the call (record.compile's lower/compile).
+    # the measured one. JAX compiles ahead of the call (lower/compile).
     if backend == "jax":
-        call = _compiled_ahead(backend, length, None if path == "dense" else block_size)
+        call = _compiled_ahead(length, size, module)
+    elif module is not None:
+        call = before_call(module, backend, inputs(length))
+    else:
+        call, _ = relattn_call(backend, inputs(length), size)
     return _measured(call, backend=backend, path=path, length=length)
 
 
@@ -128,19 +138,17 @@ def _measured(call: Any, **labels: Any) -> dict[str, Any]:
     }
 
 
-def _compiled_ahead(backend: str, length: int, block_size: Any | None) -> Any:
-    """JAX: the call compiled before it runs (``jit(...).lower(...).compile()``)."""
+def _compiled_ahead(length: int, block_size: Any, module: Any = None) -> Any:
+    """JAX: the call (of ``module``, else relattn) compiled before it runs."""
     import jax
     import relattn
-    from relattn.backends import load
 
-    _, record = load(backend)
-    a = {name: record.from_host(x) for name, x in inputs(length).items()}
+    a = {name: jax.numpy.asarray(x) for name, x in inputs(length).items()}
+    keywords = {} if module is not None else {"block_size": block_size}
+    function = (module or relattn).relative_attention
 
     def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
-        return relattn.relative_attention(
-            q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
-        )
+        return function(q, k, v, table, content_bias=u, position_bias=w, **keywords)
 
     compiled = jax.jit(call).lower(**a).compile()
     return lambda: jax.block_until_ready(compiled(**a))
@@ -166,17 +174,24 @@ def _sizes(block_size: Any) -> list[str]:
 
 
 def sweep(
-    worker: str, backends: list[str], lengths: list[int], block_size: Any, dense_limit: int
+    worker: str,
+    backends: list[str],
+    lengths: list[int],
+    block_size: Any,
+    dense_limit: int,
+    before: str | None = None,
+    paths: tuple[str, ...] = ("dense", "blockwise", "before"),
 ) -> list[dict[str, Any]]:
     """``worker`` (``one`` or ``backward-one``) in a fresh process per (backend, path, L)."""
     rows = []
     for backend in backends:
-        for path in ("dense", "blockwise"):
+        for path in [p for p in paths if p != "before" or before]:
             for length in lengths:
-                if path == "dense" and length > dense_limit:
+                if path != "blockwise" and length > dense_limit:
                     continue
                 command = [sys.executable, __file__, worker, backend, path, str(length),
-                           "--block-size", *_sizes(block_size)]  # fmt: skip
+                           "--block-size", *_sizes(block_size),
+                           *(("--before", before) if before else ())]  # fmt: skip
                 done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
                 if done.returncode:
                     print(f"{worker} {backend} {path} L={length}: failed\n{done.stderr[-2000:]}")
@@ -192,12 +207,16 @@ def sweep(
     return rows
 
 
-def memory(backends: list[str], lengths: list[int], block_size: Any) -> list[dict[str, Any]]:
-    return sweep("one", backends, lengths, block_size, DENSE_LIMIT)
+def memory(
+    backends: list[str], lengths: list[int], block_size: Any, before: str | None, paths: Any
+) -> list[dict[str, Any]]:
+    return sweep("one", backends, lengths, block_size, DENSE_LIMIT, before, tuple(paths))
 
 
-def growth(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], float]:
-    """Least-squares exponent of ``key`` against L (log–log), per (backend, path)."""
+def growth(
+    rows: list[dict[str, Any]], key: str, shortest: int = 4096
+) -> dict[tuple[str, str], float]:
+    """Least-squares exponent of ``key`` against L >= ``shortest`` (log–log), per path."""
     import numpy as np
 
     out = {}
@@ -205,7 +224,7 @@ def growth(rows: list[dict[str, Any]], key: str) -> dict[tuple[str, str], float]
         pts = sorted(
             (r["length"], r[key]) for r in rows if (r["backend"], r["path"]) == (backend, path)
         )
-        pts = [(x, y) for x, y in pts if y > 0 and x >= 2048]
+        pts = [(x, y) for x, y in pts if y > 0 and x >= shortest]
         if len(pts) >= 2:
             x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
             out[backend, path] = float(np.polyfit(x, y, 1)[0])
@@ -388,7 +407,6 @@ def flex(lengths: list[int], block_size: Any, repeats: int) -> list[dict[str, An
 
 
 def flex_one(who: str, length: int, block_size: Any, repeats: int) -> dict[str, Any]:
-    import numpy as np
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -396,25 +414,11 @@ def flex_one(who: str, length: int, block_size: Any, repeats: int) -> dict[str, 
     q, k, v, table, u, w = (arrays[n] for n in ("q", "k", "v", "table", "u", "w"))
     scale = D_HEAD**-0.5
     if who == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        compiled = torch.compile(flex_attention, dynamic=False)
-
-        def causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            return q_idx >= kv_idx
+        sys.path.insert(0, str(HERE))
+        from benchmarks.native import torch_flex_transformer_xl
 
         start = time.perf_counter()
-        mask = create_block_mask(causal, None, None, length, length, device="cpu")
-
-        def call() -> Any:
-            # The Transformer-XL position term per distance, (q + v)·Rᵀ: column m is δ = m - (L-1).
-            position = ((q + w) @ table.transpose(-1, -2)) * scale  # (1, H, L, L)
-
-            def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-                return score + position[b, h, q_idx, kv_idx - q_idx + length - 1]
-
-            return compiled(q + u, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
-
+        call = torch_flex_transformer_xl(q, k, v, table, u, w, scale)
         call()
         compile_seconds = time.perf_counter() - start
     else:
@@ -432,7 +436,6 @@ def flex_one(who: str, length: int, block_size: Any, repeats: int) -> dict[str, 
     before = _rss_bytes()
     seconds = statistics.median(_timed(call) for _ in range(repeats))
     peak = _peak_rss_bytes()
-    del np
     return {
         "who": who,
         "length": length,
@@ -447,6 +450,57 @@ def _timed(fn: Any) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+# -- the saved results as markdown ----------------------------------------------
+def report(saved: dict[str, Any]) -> str:
+    """Markdown tables of ``saved`` (``long-sequences.json``): memory, speed, backward, flex."""
+    mib = 2**20
+    out = [f"`{saved.get('command', '')}`; {saved.get('environment', '')}", ""]
+    rows = saved.get("rows", [])
+    if rows:
+        lengths = sorted({r["length"] for r in rows})
+        keys = sorted({(r["backend"], r["path"]) for r in rows})
+        out += ["Peak resident memory of the process, MiB (seconds of the call):", ""]
+        out += ["| backend | path | " + " | ".join(f"L={n}" for n in lengths) + " |"]
+        out += ["|---|---|" + "---|" * len(lengths)]
+        for backend, path in keys:
+            cells = {r["length"]: r for r in rows if (r["backend"], r["path"]) == (backend, path)}
+            out.append(
+                f"| {backend} | {path} | "
+                + " | ".join(
+                    f"{cells[n]['peak_bytes'] / mib:.0f} ({cells[n]['seconds']:.2f} s)"
+                    if n in cells
+                    else "–"
+                    for n in lengths
+                )
+                + " |"
+            )
+        out += ["", "Growth with L >= 4096 (least squares on log–log; memory: the call's", ""]
+        out[-2] += " increment over the process's resident set before it):"
+        peak, seconds = growth(rows, "increment_bytes"), growth(rows, "seconds")
+        for key in sorted(peak):
+            out.append(f"- {key[0]} {key[1]}: memory L^{peak[key]:.2f}, time L^{seconds[key]:.2f}")
+        out.append("")
+    for row in saved.get("speed", []):
+        b = row["blockwise"]
+        ratios = ", ".join(
+            f"blockwise/{name} {b / row[name]:.2f}"
+            for name in ("dense", "products", "before")
+            if name in row
+        )
+        out.append(f"- speed {row['backend']} L={row['length']}: {ratios}")
+    for row in saved.get("backward", []):
+        out.append(
+            f"- forward+backward {row['backend']} {row['path']} L={row['length']}:"
+            f" peak {row['peak_bytes'] / mib:.0f} MiB, {row['seconds']:.2f} s"
+        )
+    for row in saved.get("flex", []):
+        out.append(
+            f"- {row['who']} L={row['length']}: {row['seconds'] * 1e3:.0f} ms,"
+            f" peak {row['peak_bytes'] / mib:.0f} MiB"
+        )
+    return "\n".join(out)
 
 
 # -- the command line ------------------------------------------------------------
@@ -466,19 +520,22 @@ def environment() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("report", help="the saved results as markdown")
     for name in ("memory", "speed", "backward", "flex", "all"):
         p = sub.add_parser(name)
         p.add_argument("--backend", action="append", choices=BACKENDS)
         p.add_argument("--lengths", type=int, nargs="+")
         p.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
         p.add_argument("--repeats", type=int, default=5)
-        p.add_argument("--before", help="directory of an earlier relattn package (speed)")
+        p.add_argument("--before", help="directory of an earlier relattn package")
+        p.add_argument("--paths", nargs="+", default=["dense", "blockwise", "before"])
         p.add_argument("--no-save", action="store_true")
     one = sub.add_parser("one")
     one.add_argument("backend")
     one.add_argument("path")
     one.add_argument("length", type=int)
     one.add_argument("--block-size", type=int, nargs="+", default=[256, 512])
+    one.add_argument("--before")
     back = sub.add_parser("backward-one")
     back.add_argument("backend")
     back.add_argument("path")
@@ -491,10 +548,12 @@ def main() -> int:
     flex_parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     # one size for both blocks, or (query block, key block)
-    args.block_size = args.block_size[0] if len(args.block_size) == 1 else tuple(args.block_size)
+    sizes = getattr(args, "block_size", [0])
+    args.block_size = sizes[0] if len(sizes) == 1 else tuple(sizes)
 
     if args.command == "one":
-        print(json.dumps(measure_one(args.backend, args.path, args.length, args.block_size)))
+        row = measure_one(args.backend, args.path, args.length, args.block_size, args.before)
+        print(json.dumps(row))
         return 0
     if args.command == "backward-one":
         row = backward_one(args.backend, args.path, args.length, args.block_size)
@@ -503,13 +562,20 @@ def main() -> int:
     if args.command == "flex-one":
         print(json.dumps(flex_one(args.who, args.length, args.block_size, args.repeats)))
         return 0
+    if args.command == "report":
+        print(report(json.loads(RESULTS.read_text())))
+        return 0
     backends = args.backend or list(BACKENDS)
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     saved.update({"command": "python asv_bench/" + " ".join([Path(__file__).name, *sys.argv[1:]]),
                   "environment": environment()})  # fmt: skip
     if args.command in ("memory", "all"):
-        saved["rows"] = memory(backends, args.lengths or list(LENGTHS), args.block_size)
-        for key in ("peak_bytes", "seconds"):
+        lengths = args.lengths or list(LENGTHS)
+        rows = memory(backends, lengths, args.block_size, args.before, args.paths)
+        # Rows of paths not run now are kept from the saved results.
+        kept = [r for r in saved.get("rows", []) if r["path"] not in args.paths]
+        saved["rows"] = kept + rows
+        for key in ("increment_bytes", "seconds"):
             for (backend, path), exponent in sorted(growth(saved["rows"], key).items()):
                 print(f"growth of {key} with L, {backend} {path}: L^{exponent:.2f}")
     if args.command in ("speed", "all"):

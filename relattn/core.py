@@ -248,12 +248,12 @@ def attention(
         causal=causal,
     )  # fmt: skip
     dtype = xp.result_type(q, v)
-    terms = (key_table, query_table, value_table, relative_bias, bias, mask)
+    terms = (key_table, query_table, value_table, relative_bias)
     if block_size is None and (
-        causal or any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None
+        any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None
     ):
-        # A fused kernel with nothing of size (Lq, Lk) to add computes in tiles of its
-        # own, faster than relattn's loop: it keeps the call whatever the length.
+        # A fused kernel computes the scores in tiles of its own, faster than relattn's
+        # loop: without a relative term it keeps the call whatever the length.
         block_size = automatic_block_size(q, k, v, xp)
     # Empty axes take the whole-array path: an empty result, or zero rows where no key is.
     nonempty = all(n > 0 for n in (*q.shape, *k.shape, *v.shape))

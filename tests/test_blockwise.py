@@ -587,7 +587,7 @@ def _spy_blockwise(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("name", ["sdpa-bias-mask", "txl-memory"])
+@pytest.mark.parametrize("name", ["sdpa-t5", "txl-memory"])
 def test_automatic_choice_goes_blockwise(backend, name, monkeypatch):
     """``block_size=None``: dense on small inputs; with a budget of 1 byte the same call takes
     the blockwise path (blocks ``AUTOMATIC_BLOCK_SIZE``, (2, 3) here) and gives the same result."""
@@ -626,9 +626,9 @@ def test_automatic_choice_threshold(dtype_name, monkeypatch):
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), **TOLERANCES[dtype_name])
 
 
-def test_automatic_choice_keeps_a_fused_kernel_with_nothing_to_add(torch_backend, monkeypatch):
-    """A call that PyTorch's fused kernel takes with no bias, mask or relative term (it tiles
-    the scores itself) stays dense at any budget; ``causal=True`` (a mask) goes blockwise."""
+def test_automatic_choice_keeps_a_fused_kernel_without_relative_terms(torch_backend, monkeypatch):
+    """A call that PyTorch's fused kernel takes with no relative term (it tiles the scores
+    itself) stays dense at any budget, causal or not; a ``relative_bias`` goes blockwise."""
     name = "sdpa-plain"
     data = _data(name)
     q, k, v = (torch_backend.asarray(a, "float64") for a in data.positional)
@@ -638,6 +638,9 @@ def test_automatic_choice_keeps_a_fused_kernel_with_nothing_to_add(torch_backend
     assert calls == []
     torch_backend.assert_close(plain, data.expected, "float64")
     relattn.scaled_dot_product_attention(q, k, v, causal=True)
+    assert calls == []
+    values = torch_backend.asarray(np.zeros((q.shape[-2] + k.shape[-2] - 1,)), "float64")
+    relattn.scaled_dot_product_attention(q, k, v, relative_bias=values)
     assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]
 
 

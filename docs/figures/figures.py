@@ -1171,10 +1171,12 @@ def _long_sequence_rows() -> tuple[list[dict], str | None]:
     saved = json.loads(path.read_text(encoding="utf-8"))
     keys = {"backend", "path", "length", "peak_bytes", "seconds"}
     rows = [
-        r for r in saved.get("rows", []) if keys <= set(r) and r["path"] in ("dense", "blockwise")
+        r
+        for r in saved.get("rows", [])
+        if keys <= set(r) and r["path"] in ("before", "dense", "blockwise")
     ]
     source = (
-        f"asv_bench/long-sequences.json: {saved.get('command', 'asv_bench/long_sequences.py')}; "
+        "asv_bench/long-sequences.json (python asv_bench/long_sequences.py memory); "
         f"{saved.get('environment', 'environment not recorded')}"
     )
     return rows, source if rows else None
@@ -1224,7 +1226,8 @@ def long_sequence_memory() -> None:
     )
     axes = axes[0]
     colors = {"numpy": "#2b6cb0", "torch": "#dd6b20", "jax": "#38a169"}
-    styles = {"dense": ("-", "o"), "blockwise": ("--", "s")}
+    # "before": the release before the blockwise path, whose dense path held whole (L, L) scores
+    styles = {"before": (":", "^"), "dense": ("-", "o"), "blockwise": ("--", "s")}
     for backend in colors:
         for path, (line, marker) in styles.items():
             points = sorted(
@@ -1241,7 +1244,7 @@ def long_sequence_memory() -> None:
                 "ls": line,
                 "marker": marker,
                 "color": colors[backend],
-                "label": f"{backend}, {path}",
+                "label": f"{backend}, {'dense, earlier release' if path == 'before' else path}",
             }
             axes[0].loglog(lengths, peaks / 2**20, **style)
             if not measured:
