@@ -249,8 +249,16 @@ def attention(
     )  # fmt: skip
     dtype = xp.result_type(q, v)
     terms = (key_table, query_table, value_table, relative_bias)
-    if block_size is None and (
-        any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None
+    blockable = backend_for(xp).takes_blockwise(q)
+    if block_size is not None and not blockable:
+        raise TypeError(
+            f"block_size: the blockwise path does not run on {type(q).__name__} arrays;"
+            f" pass block_size=None, got {block_size}"
+        )
+    if (
+        block_size is None
+        and blockable
+        and (any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None)
     ):
         # A fused kernel computes the scores in tiles of its own, faster than relattn's
         # loop: without a relative term it keeps the call whatever the length.

@@ -93,3 +93,54 @@ def test_dtensor_layers_equal_plain_tensors(world):
                 assert row["error"] < 1e-10, where
                 assert row["collectives"] == 0, where
                 assert row["seconds"] < FIRST_CALL_SECONDS, where
+
+
+BUDGET_SCRIPT = """
+import os
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+import relattn
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1,))
+q, k, v = (torch.randn(2, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+table = torch.randn(2, 6, 4, dtype=torch.float64)
+dq, dk, dv = (distribute_tensor(x, mesh, [Shard(0)]) for x in (q, k, v))
+dt = distribute_tensor(table, mesh, [Replicate()])
+out = relattn.relative_attention(dq, dk, dv, dt)  # a budget of 1 byte: still dense
+assert isinstance(out, DTensor)
+error = (out.full_tensor() - relattn.relative_attention(q, k, v, table)).abs().max().item()
+assert error < 1e-12, error
+try:
+    relattn.relative_attention(dq, dk, dv, dt, block_size=2)
+except TypeError as e:
+    assert str(e).startswith("block_size: the blockwise path does not run on DTensor"), e
+else:
+    raise AssertionError("block_size=2 on DTensors did not raise")
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_dtensor_stays_dense_beyond_the_budget():
+    """The blockwise path does not take DTensors: the automatic choice stays dense whatever
+    the budget, and an explicit ``block_size`` is a ``TypeError`` naming it."""
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "RELATTN_MAX_SCORE_BYTES": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", BUDGET_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().endswith("ok")

@@ -132,6 +132,10 @@ class Backend:
         last. Dask's reshapes otherwise leave ragged chunks along the sequence
         (``63, 64, 1, 63, 64, 1, …``) that every later operation inherits.
         Identity where arrays are not chunked.
+    takes_blockwise : callable
+        ``x -> bool``: the blockwise path runs on arrays like ``x``. ``False``
+        for PyTorch's ``DTensor``, which refuses to mix with the plain tensors
+        that the block loop starts from; the automatic choice then stays dense.
     """
 
     name: str
@@ -153,3 +157,4 @@ class Backend:
     fused_attention: Callable[..., Any] | None = None
     peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
+    takes_blockwise: Callable[[Any], bool] = _always

@@ -180,4 +180,5 @@ BACKEND = Backend(
     checkpoint=_checkpoint,
     fused_attention=_fused_attention,
     peak_device_bytes=_peak_device_bytes,
+    takes_blockwise=lambda x: not _is_dtensor(x),
 )
