@@ -168,6 +168,17 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _fresh_process(arguments: list[str]) -> dict[str, Any] | None:
+    """This script run with ``arguments`` in a fresh interpreter: its JSON row, or ``None``
+    (the failure printed) where it failed."""
+    command = [sys.executable, __file__, *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode:
+        print(f"{' '.join(arguments)}: failed\n{done.stderr[-3000:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _sizes(block_size: Any) -> list[str]:
     """``--block-size``'s arguments for ``block_size`` (an integer or a pair)."""
     return [str(n) for n in (block_size if isinstance(block_size, tuple) else (block_size,))]
@@ -189,14 +200,12 @@ def sweep(
             for length in lengths:
                 if path != "blockwise" and length > dense_limit:
                     continue
-                command = [sys.executable, __file__, worker, backend, path, str(length),
-                           "--block-size", *_sizes(block_size),
-                           *(("--before", before) if before else ())]  # fmt: skip
-                done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-                if done.returncode:
-                    print(f"{worker} {backend} {path} L={length}: failed\n{done.stderr[-2000:]}")
+                extra = ("--before", before) if before else ()
+                arguments = [worker, backend, path, str(length),
+                             "--block-size", *_sizes(block_size), *extra]  # fmt: skip
+                row = _fresh_process(arguments)
+                if row is None:
                     continue
-                row = json.loads(done.stdout.strip().splitlines()[-1])
                 print(
                     f"{worker:12} {backend:6} {path:9} L={length:6}:"
                     f" peak {row['peak_bytes'] / 2**20:8.0f} MiB"
@@ -388,13 +397,11 @@ def flex(lengths: list[int], block_size: Any, repeats: int) -> list[dict[str, An
     rows = []
     for length in lengths:
         for who in ("flex", "relattn"):
-            command = [sys.executable, __file__, "flex-one", who, str(length),
-                       "--block-size", *_sizes(block_size), "--repeats", str(repeats)]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-            if done.returncode:
-                print(f"{who} L={length}: failed\n{done.stderr[-3000:]}")
+            arguments = ["flex-one", who, str(length), "--block-size", *_sizes(block_size),
+                         "--repeats", str(repeats)]  # fmt: skip
+            row = _fresh_process(arguments)
+            if row is None:
                 continue
-            row = json.loads(done.stdout.strip().splitlines()[-1])
             print(
                 f"{who:8} L={length:6}: {row['seconds'] * 1e3:9.1f} ms"
                 f"  peak {row['peak_bytes'] / 2**20:7.0f} MiB"

@@ -248,8 +248,11 @@ def attention(
         causal=causal,
     )  # fmt: skip
     dtype = xp.result_type(q, v)
+    # ``blocks.q`` is already scaled: the kernel and the scores below scale by 1.
+    kernel = fused_kernel(blocks.q, k, v, xp) if value_table is None else None
     terms = (key_table, query_table, value_table, relative_bias)
-    blockable = backend_for(xp).takes_blockwise(q)
+    backend = backend_for(xp)
+    blockable = backend.takes_blockwise(q)
     if block_size is not None and not blockable:
         raise TypeError(
             f"block_size: the blockwise path does not run on {type(q).__name__} arrays;"
@@ -258,7 +261,7 @@ def attention(
     if (
         block_size is None
         and blockable
-        and (any(t is not None for t in terms) or fused_kernel(q, k, v, xp) is None)
+        and (any(t is not None for t in terms) or kernel is None)
     ):
         # A fused kernel computes the scores in tiles of its own, faster than relattn's
         # loop: without a relative term it keeps the call whatever the length.
@@ -267,13 +270,11 @@ def attention(
     nonempty = all(n > 0 for n in (*q.shape, *k.shape, *v.shape))
     if block_size is not None and nonempty:
         return blockwise(blocks, xp, block_size=block_size, dtype=dtype)
-    # ``blocks.q`` is already scaled: the kernel and the scores below scale by 1.
-    kernel = fused_kernel(blocks.q, k, v, xp) if value_table is None else None
     if kernel is not None:
         # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
         mask = _causal(blocks.rel, mask, q, xp)
         return kernel(bias=_position(blocks, xp), mask=mask, scale=1.0)
-    if backend_for(xp).query_chunks and nonempty:
+    if backend.query_chunks and nonempty:
         return dense_in_query_blocks(blocks, xp, dtype=dtype)
     mask = _causal(blocks.rel, mask, q, xp)
     weights = softmax(scores(blocks.q, k, _position(blocks, xp), 1.0, xp), mask, -1, xp)

@@ -287,6 +287,12 @@ class MemoryEncoder(Encoder):
         """The keys' inputs: the layer's memory, then the segment."""
         return h if memory is None else self.xp.concat((memory, h), axis=-2)
 
+    def projections(self, h: Any, memory: Any, p: dict) -> tuple[Any, Any, Any]:
+        """Queries of the segment, keys and values of the memory and the segment, per head."""
+        context = self.context(h, memory)
+        q = self.heads(h @ p["w_q"])
+        return q, self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+
     def remember(self, memory: Any, h: Any) -> Any:
         return update_memory(memory, h, self.config.memory)
 
@@ -307,9 +313,7 @@ class TransformerXLEncoder(MemoryEncoder):
         )
 
     def attend(self, h, memory, p, naive, start=0):
-        context = self.context(h, memory)
-        q = self.heads(h @ p["w_q"])
-        k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+        q, k, v = self.projections(h, memory, p)
         r = self.heads(self.position_table(q.shape[-2], k.shape[-2]) @ p["w_r"])
         u, vb = p["u"][:, None, :], p["v"][:, None, :]
         if naive:
@@ -480,9 +484,7 @@ class AlibiEncoder(MemoryEncoder):
 
     def attend(self, h, memory, p, naive, start=0):
         xp = self.xp
-        context = self.context(h, memory)
-        q = self.heads(h @ p["w_q"])
-        k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+        q, k, v = self.projections(h, memory, p)
         lq, lk = q.shape[-2], k.shape[-2]
         if not naive:
             # m_h·δ over the causal layout (δ <= 0, width Lk), which masks δ > 0
@@ -522,9 +524,7 @@ class RotaryEncoder(MemoryEncoder):
 
     def attend(self, h, memory, p, naive, start=0):
         xp = self.xp
-        context = self.context(h, memory)
-        q = self.heads(h @ p["w_q"])
-        k, v = self.heads(context @ p["w_k"]), self.heads(context @ p["w_v"])
+        q, k, v = self.projections(h, memory, p)
         lq, lk = q.shape[-2], k.shape[-2]
         if not naive:
             # keys at start - M … start + Lq - 1 (memory first); the queries are the last Lq
