@@ -258,11 +258,7 @@ def attention(
             f"block_size: the blockwise path does not run on {type(q).__name__} arrays;"
             f" pass block_size=None, got {block_size}"
         )
-    if (
-        block_size is None
-        and blockable
-        and (any(t is not None for t in terms) or kernel is None)
-    ):
+    if block_size is None and blockable and (any(t is not None for t in terms) or kernel is None):
         # A fused kernel computes the scores in tiles of its own, faster than relattn's
         # loop: without a relative term it keeps the call whatever the length.
         block_size = automatic_block_size(q, k, v, xp)
