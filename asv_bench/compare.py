@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -57,6 +57,9 @@ import numpy as np  # noqa: E402
 import relattn  # noqa: E402
 
 from benchmarks import common, native  # noqa: E402
+
+if TYPE_CHECKING:
+    from relattn.testing import Target
 
 CPU = ("numpy", "torch", "jax")
 FUSED = {"torch": "F.scaled_dot_product_attention", "jax": "jax.nn.dot_product_attention"}
@@ -85,13 +88,13 @@ def ms(seconds: float) -> str:
 
 
 def side_by_side(
-    fn: Callable[[], Any], baseline: Callable[[], Any], backend: common.Target, repeats: int
+    fn: Callable[[], Any], baseline: Callable[[], Any], backend: Target, repeats: int
 ) -> tuple[float, float, float]:
     """``(ratio, median fn, median baseline)`` alternating the two, ``repeats`` times each."""
     return common.median_ratio(fn, baseline, backend, repeats)
 
 
-def relative_calls(backend: common.Target, lq: int, lk: int, layout: str):
+def relative_calls(backend: Target, lq: int, lk: int, layout: str):
     arrays = common.on(backend, common.relative_inputs(lq, layout, key_len=lk))
     q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
     ours_fn = common.relattn_function("relative_attention", backend)
@@ -160,7 +163,7 @@ def position_schemes(names: list[str], repeats: int) -> list[Row]:
         label = f"{name}-jit" if name == "jax" else name
         arrays = common.on(backend, common.rotary_inputs(rotary_length))
         cos, sin = native.rotary_tables(backend, rotary_length)
-        ours_fn = backend.record.jit(common.rotary_qk)
+        ours_fn = backend.default_jit(common.rotary_qk)
         theirs_fn = native.native("rotary_position_embedding", backend)
         ours = functools.partial(ours_fn, arrays["q"], arrays["k"])
         theirs = functools.partial(theirs_fn, arrays["q"], arrays["k"], cos, sin)
@@ -169,7 +172,7 @@ def position_schemes(names: list[str], repeats: int) -> list[Row]:
         rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.05", ratio <= 1.05))
         arrays = common.on(backend, common.t5_inputs(t5_length))
         qkv = (arrays["q"], arrays["k"], arrays["v"], arrays["table"])
-        ours_fn = backend.record.jit(common.t5_attention)
+        ours_fn = backend.default_jit(common.t5_attention)
         theirs_fn = native.native("t5_attention", backend)
         ours = functools.partial(ours_fn, *qkv, arrays["buckets"])
         theirs = functools.partial(theirs_fn, *qkv, native.t5_pairs(backend, t5_length))
@@ -202,7 +205,7 @@ def against_products(names: list[str], repeats: int) -> list[Row]:
         }
         calls = {"relattn": ours, "native": theirs, **products}
         for fn in calls.values():
-            backend.record.ready(fn())
+            backend.ready(fn())
         # Round-robin: one call of each per round, medians over the rounds.
         times: dict[str, list[float]] = {key: [] for key in calls}
         for _ in range(repeats):
@@ -248,14 +251,14 @@ def dispatch(names: list[str], quick: bool) -> list[Row]:
         backend = common.get_backend(name)
         ours, theirs, _ = relative_calls(backend, 8, 8, "causal")
         for fn in (ours, theirs):
-            backend.record.ready(fn())
+            backend.ready(fn())
         a_runs, b_runs = [], []
         for _ in range(rounds):
             for fn, runs in ((ours, a_runs), (theirs, b_runs)):
                 start = time.perf_counter()
                 for _ in range(loops):
                     out = fn()
-                backend.record.ready(out)
+                backend.ready(out)
                 runs.append((time.perf_counter() - start) / loops)
         a, b = statistics.median(a_runs), statistics.median(b_runs)
         label = f"{name}-jit" if name == "jax" else name
@@ -285,7 +288,7 @@ def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cu
             return F.scaled_dot_product_attention(qu, k, v, attn_mask=bias, scale=scale)
 
         np.testing.assert_allclose(
-            backend.record.to_host(sdpa()), backend.record.to_host(ours()), rtol=1e-3, atol=1e-3
+            backend.to_host(sdpa()), backend.to_host(ours()), rtol=1e-3, atol=1e-3
         )
         ratio, a, b = side_by_side(ours, sdpa, backend, repeats)
     throughput = 1.0 / ratio  # SDPA's time over relattn's

@@ -80,20 +80,20 @@ def inputs(length: int, seed: int = 0) -> dict[str, Any]:
 
 
 def relattn_call(backend: str, arrays: dict[str, Any], block_size: Any | None) -> Any:
-    """A no-argument call of relattn on ``backend``'s copies of ``arrays`` (and the Backend)."""
+    """A no-argument call of relattn on ``backend``'s copies of ``arrays`` (``jax.jit`` on JAX)."""
     import relattn
-    from relattn.backends import load
+    from relattn.testing import target
 
-    _, record = load(backend)
-    a = {name: record.from_host(x) for name, x in arrays.items()}
+    on = target(backend)
+    a = {name: on.from_host(x) for name, x in arrays.items()}
 
     def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
         return relattn.relative_attention(
             q, k, v, table, content_bias=u, position_bias=w, block_size=block_size
         )
 
-    fn = record.jit(call)
-    return (lambda: record.ready(fn(**a))), record
+    fn = on.default_jit(call)
+    return lambda: on.ready(fn(**a))
 
 
 def measure_one(
@@ -119,7 +119,7 @@ def measure_one(
     elif module is not None:
         call = before_call(module, backend, inputs(length))
     else:
-        call, _ = relattn_call(backend, inputs(length), size)
+        call = relattn_call(backend, inputs(length), size)
     return _measured(call, backend=backend, path=path, length=length)
 
 
@@ -320,16 +320,16 @@ def load_before(directory: str) -> Any:
 
 def before_call(module: Any, backend: str, arrays: dict[str, Any]) -> Any:
     """The earlier release's (dense) ``relative_attention`` on the same inputs."""
-    from relattn.backends import load
+    from relattn.testing import target
 
-    _, record = load(backend)
-    a = {name: record.from_host(x) for name, x in arrays.items()}
+    on = target(backend)
+    a = {name: on.from_host(x) for name, x in arrays.items()}
 
     def call(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
         return module.relative_attention(q, k, v, table, content_bias=u, position_bias=w)
 
-    fn = record.jit(call)
-    return lambda: record.ready(fn(**a))
+    fn = on.default_jit(call)
+    return lambda: on.ready(fn(**a))
 
 
 def speed(
@@ -341,9 +341,9 @@ def speed(
     earlier = load_before(before) if before else None
     for backend in backends:
         calls = {
-            "dense": relattn_call(backend, arrays, None)[0],
-            "blockwise": relattn_call(backend, arrays, block_size)[0],
-            "products": matmuls(backend, arrays, load(backend)[1]),
+            "dense": relattn_call(backend, arrays, None),
+            "blockwise": relattn_call(backend, arrays, block_size),
+            "products": matmuls(backend, arrays),
         }
         if earlier is not None:
             calls["before"] = before_call(earlier, backend, arrays)
@@ -366,18 +366,13 @@ def speed(
     return rows
 
 
-def load(backend: str) -> Any:
-    from relattn.backends import load as load_backend
-
-    return load_backend(backend)
-
-
-def matmuls(backend: str, arrays: dict[str, Any], record: Any) -> Any:
+def matmuls(backend: str, arrays: dict[str, Any]) -> Any:
     """The three products of a dense causal call, each over the whole (L, L) scores."""
-    from relattn.backends import load
+    from relattn.testing import target
 
-    lib, _ = load(backend)
-    a = {name: record.from_host(x) for name, x in arrays.items()}
+    on = target(backend)
+    lib = on.lib
+    a = {name: on.from_host(x) for name, x in arrays.items()}
     q, k, v, table, u, w = (a[n] for n in ("q", "k", "v", "table", "u", "w"))
 
     def transpose(x: Any) -> Any:
@@ -388,8 +383,8 @@ def matmuls(backend: str, arrays: dict[str, Any], record: Any) -> Any:
         position = (q + w) @ transpose(table)
         return scores, position, scores @ v
 
-    fn = record.jit(products)
-    return lambda: record.ready(fn(q, k, v, table, u, w))
+    fn = on.default_jit(products)
+    return lambda: on.ready(fn(q, k, v, table, u, w))
 
 
 # -- FlexAttention ---------------------------------------------------------------------------------

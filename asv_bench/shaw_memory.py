@@ -84,7 +84,7 @@ def compute(case: str, arrays: dict) -> np.ndarray:
     if case == "shaw":
         from relattn.shaw import shaw_attention
 
-        return shaw_attention(**arrays)
+        return shaw_attention(*(arrays[n] for n in ("q", "k", "v", "key_table", "value_table")))
     if case == "plain":
         from relattn import scaled_dot_product_attention
 

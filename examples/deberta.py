@@ -75,9 +75,11 @@ def deberta_v2_self_attention(
         h.shape[-2], like=h, position_buckets=position_buckets, max_position=max_position
     )
     # The projected tables, one row per distance of the full layout: (H, 2L - 1, d_head).
-    key_table = relattn.split_heads(xp.take(rows @ p["w_k"] + p["b_k"], phi, axis=0), heads)
-    query_table = relattn.split_heads(xp.take(rows @ p["w_q"] + p["b_q"], phi, axis=0), heads)
-    out = relattn.disentangled_attention(q, k, v, key_table, query_table, mask=mask)
+    position_table = relattn.split_heads(xp.take(rows @ p["w_k"] + p["b_k"], phi, axis=0), heads)
+    query_position_table = relattn.split_heads(
+        xp.take(rows @ p["w_q"] + p["b_q"], phi, axis=0), heads
+    )
+    out = relattn.disentangled_attention(q, k, v, position_table, query_position_table, mask=mask)
     return relattn.merge_heads(out)
 
 

@@ -39,8 +39,8 @@ def inputs(seed: int = 0) -> dict[str, np.ndarray]:
         "w_v": dense(D_MODEL, D_MODEL),
         "w_o": dense(D_MODEL, D_MODEL),
         # w^K_{-K} … w^K_K and w^V_{-K} … w^V_K, one row per clipped distance.
-        "key_table": rng.normal(scale=0.5, size=(2 * RADIUS + 1, d_head)),
-        "value_table": rng.normal(scale=0.5, size=(2 * RADIUS + 1, d_head)),
+        "key_embeddings": rng.normal(scale=0.5, size=(2 * RADIUS + 1, d_head)),
+        "value_embeddings": rng.normal(scale=0.5, size=(2 * RADIUS + 1, d_head)),
     }
 
 
@@ -49,7 +49,7 @@ def shaw_self_attention(x: Any, p: dict[str, Any], mask: Any = None) -> Any:
     q = relattn.split_heads(x @ p["w_q"], HEADS)  # (B, H, L, d_head)
     k = relattn.split_heads(x @ p["w_k"], HEADS)
     v = relattn.split_heads(x @ p["w_v"], HEADS)
-    z = relattn.shaw_attention(q, k, v, p["key_table"], p["value_table"], mask=mask)
+    z = relattn.shaw_attention(q, k, v, p["key_embeddings"], p["value_embeddings"], mask=mask)
     return relattn.merge_heads(z) @ p["w_o"]  # (B, L, d_model)
 
 

@@ -8,7 +8,12 @@ caller's dtype. See ``README.md`` for the conventions: relative distance
 """
 
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
-from .biases import alibi_slopes, log_bucket_position, relative_bias, relative_position_bucket
+from .biases import (
+    alibi_slopes,
+    log_bucket_position,
+    relative_bias_matrix,
+    relative_position_bucket,
+)
 from .blocks import BlockState, attention_block, finish_block_state, merge_block_states
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
 from .disan import multi_dimensional_attention, source2token_attention
@@ -41,7 +46,7 @@ from .scores import (
 from .shaw import shaw_attention
 from .shift import rel_shift, rel_unshift
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BlockState",
@@ -75,7 +80,7 @@ __all__ = [
     "rel_shift",
     "rel_unshift",
     "relative_attention",
-    "relative_bias",
+    "relative_bias_matrix",
     "relative_distances",
     "relative_position_bucket",
     "relative_positions",

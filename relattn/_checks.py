@@ -16,59 +16,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from .backends import namespace_of_module
-
-
-def _library(x: Any) -> str:
-    return type(x).__module__.partition(".")[0]
-
-
-#: Array type -> its namespace, filled by :func:`namespace` (the types are few).
-_NAMESPACE_OF_TYPE: dict[type, ModuleType] = {}
-
-
-def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> ModuleType:
-    """Array-API namespace shared by the named arrays.
-
-    Every keyword argument is a required array; ``optional`` holds the
-    arguments that may be ``None`` (skipped when they are). Raises
-    ``TypeError`` naming an argument that is not an array (``None``, a list, a
-    scalar), or the arguments whose libraries differ, except NumPy arrays
-    beside JAX or Dask ones, which those libraries accept themselves: the
-    namespace is then JAX's or Dask's, and :func:`cast` converts the NumPy
-    operands. The namespace of each array type is looked up once and cached:
-    small calls are dominated by this look-up.
-    """
-    if optional:
-        arrays.update((name, a) for name, a in optional.items() if a is not None)
-    found = {_NAMESPACE_OF_TYPE.get(type(a)) for a in arrays.values()}
-    if len(found) == 1:
-        cached = found.pop()
-        if cached is not None:
-            return cached
-    for name, a in arrays.items():
-        array(name, a)
-    try:
-        xp = array_api_compat.array_namespace(*arrays.values())
-    except TypeError:
-        # JAX and Dask take NumPy operands themselves: so does relattn, converting them
-        # (see ``cast``) to the library of the other inputs.
-        others = [a for a in arrays.values() if _library(a) != "numpy"]
-        if {_library(a) for a in others} in ({"jax"}, {"jaxlib"}, {"jax", "jaxlib"}, {"dask"}):
-            return array_api_compat.array_namespace(*others)
-        found_names = ", ".join(f"{name} is a {_library(a)} array" for name, a in arrays.items())
-        raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
-    types = {type(a) for a in arrays.values()}
-    if len(types) == 1:
-        _NAMESPACE_OF_TYPE[types.pop()] = xp
-    return xp
-
-
-def array(name: str, a: Any) -> None:
-    """``TypeError`` naming ``name`` unless ``a`` is an array of an array-API library."""
-    if not array_api_compat.is_array_api_obj(a) or isinstance(a, (int, float, complex)):
-        what = "None" if a is None else type(a).__name__
-        raise TypeError(f"{name} must be an array, got {what}")
+from ._namespace import library, namespace, namespace_of_module
 
 
 def creation_namespace(xp: Any, **arrays: Any) -> ModuleType:
@@ -127,7 +75,7 @@ def scale(value: Any, d: int, xp: ModuleType) -> Any:
                 )
             if array_api_compat.array_namespace(value) is not xp:
                 raise TypeError(
-                    f"scale must be an array of the inputs' library, got {_library(value)}"
+                    f"scale must be an array of the inputs' library, got {library(value)}"
                 )
             return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -275,6 +223,9 @@ def choice(name: str, value: Any, options: tuple[str | None, ...]) -> Any:
 
 def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """The broadcast of ``shapes`` (array API rules), or ``None`` where they do not broadcast."""
+    first = shapes[0]
+    if all(shape == first for shape in shapes):
+        return first
     ndim = max(len(shape) for shape in shapes)
     result = []
     for axis in range(-ndim, 0):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _checks, core
+from . import _checks, core, problem
 from ._typing import Array
+from .problem import check_mask
 
 __all__ = ["masked_softmax", "relative_attention", "scaled_dot_product_attention"]
 
@@ -53,19 +54,19 @@ def masked_softmax(scores: Array, mask: Array = None, *, axis: int = -1) -> Arra
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import masked_softmax
     >>> scores = xp.zeros((2, 2))
     >>> masked_softmax(scores, xp.asarray([[True, True], [False, False]]))
-    Array([[0.5, 0.5],
-           [0. , 0. ]], dtype=array_api_strict.float64)
+    array([[0.5, 0.5],
+           [0. , 0. ]])
     """
     xp = _checks.namespace(scores=scores, optional={"mask": mask})
     _checks.floating(xp, scores=scores)
     if scores.ndim == 0:
         raise ValueError("scores must have at least one dimension, got a 0-d array")
     axis = _checks.axis("axis", axis, scores.ndim)
-    core.check_mask(mask, tuple(scores.shape), xp)
+    check_mask(mask, tuple(scores.shape), xp)
     return core.softmax(_checks.cast(xp, scores, scores.dtype), mask, axis, xp)
 
 
@@ -135,7 +136,7 @@ def scaled_dot_product_attention(
     See Also
     --------
     relative_attention : With Transformer-XL's per-distance position term.
-    relative_bias : The ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
+    relative_bias_matrix : The ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
     masked_softmax : The softmax alone.
 
     Notes
@@ -146,31 +147,20 @@ def scaled_dot_product_attention(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import scaled_dot_product_attention
     >>> q = k = xp.ones((3, 4))
     >>> v = xp.reshape(xp.arange(6.0), (3, 2))
     >>> scaled_dot_product_attention(q, k, v, causal=True)
-    Array([[0., 1.],
+    array([[0., 1.],
            [1., 2.],
-           [2., 3.]], dtype=array_api_strict.float64)
+           [2., 3.]])
     """
-    xp = _checks.namespace(
-        q=q, k=k, v=v, optional={"mask": mask, "bias": bias, "relative_bias": relative_bias}
-    )
-    dtype = _checks.floating(xp, q=q, k=k, v=v, bias=bias, relative_bias=relative_bias)
-    lq, lk, d = core.check_qkv(q, k, v)
-    lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
-    scale, causal, block_size = core.check_options(
-        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
-        causal=causal, scale=scale, block_size=block_size,
-    )  # fmt: skip
-    q, k, v, bias, relative_bias = (
-        _checks.cast(xp, a, dtype) for a in (q, k, v, bias, relative_bias)
-    )
     return core.attention(
-        q, k, v, xp, scale=scale, relative_bias=relative_bias, bias=bias, mask=mask,
-        causal=causal, block_size=block_size,
+        problem.check(
+            q, k, v, mask=mask, bias=bias, relative_bias=relative_bias, causal=causal,
+            scale=scale, block_size=block_size,
+        )
     )  # fmt: skip
 
 
@@ -182,10 +172,11 @@ def relative_attention(
     *,
     content_bias: Array = None,
     position_bias: Array = None,
+    query_position_table: Array = None,
+    value_table: Array = None,
     mask: Array = None,
     bias: Array = None,
     relative_bias: Array = None,
-    value_table: Array = None,
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
@@ -215,6 +206,13 @@ def relative_attention(
         ``u[:, None, :]`` for ``u`` of shape ``(H, d)``).
     position_bias : array, real floating, optional
         ``v``, the global position bias, broadcastable to ``q``.
+    query_position_table : array of shape (..., W, d), real floating, optional
+        The position-to-content table ``Qʳ`` in the relative layout: adds
+        ``k_j · Qʳ[m(i, j)]`` to the scores (DeBERTa's p2c, TENER as
+        released). See :func:`disentangled_attention`.
+    value_table : array of shape (..., W, d_v), real floating, optional
+        Shaw et al.'s value representations per distance, in either layout:
+        ``out_i = Σ_j α_ij (v_j + value_table[m(i, j)])``.
     mask : array, bool, optional
         ``True`` = may attend; broadcastable to the scores ``(..., Lq, Lk)``;
         combined with the causal-layout mask.
@@ -223,9 +221,6 @@ def relative_attention(
     relative_bias : array of shape (..., W), real floating, optional
         One value per distance, added to the scaled scores (T5, ALiBi), in
         either layout; see :func:`scaled_dot_product_attention`.
-    value_table : array of shape (..., W, d_v), real floating, optional
-        Shaw et al.'s value representations per distance, in either layout:
-        ``out_i = Σ_j α_ij (v_j + value_table[m(i, j)])``.
     causal : bool, optional
         Mask ``δ > 0`` with full-layout inputs too.
     scale : float or 0-d array, optional
@@ -275,7 +270,7 @@ def relative_attention(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import relative_attention, relative_distances, sinusoidal_position_encoding
     >>> q = xp.ones((2, 4)); kv = xp.ones((3, 4))       # 2 queries, 1 memory slot
     >>> dist = -relative_distances(2, 3, causal=True, xp=xp)   # i - j = 2, 1, 0
@@ -283,45 +278,11 @@ def relative_attention(
     >>> relative_attention(q, kv, kv, r).shape
     (2, 4)
     """
-    xp = _checks.namespace(
-        q=q, k=k, v=v,
-        optional={
-            "position_table": position_table, "content_bias": content_bias,
-            "position_bias": position_bias, "mask": mask, "bias": bias,
-            "relative_bias": relative_bias, "value_table": value_table,
-        },
-    )  # fmt: skip
-    dtype = _checks.floating(
-        xp, q=q, k=k, v=v, position_table=position_table, content_bias=content_bias,
-        position_bias=position_bias, bias=bias, relative_bias=relative_bias,
-        value_table=value_table,
-    )  # fmt: skip
-    lq, lk, d = core.check_qkv(q, k, v)
-    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
-    if position_table is not None:
-        core.check_table("position_table", position_table, lq, lk, d)
-        leads["position_table"] = position_table.shape[:-2]
-    if value_table is not None:
-        core.check_table("value_table", value_table, lq, lk, v.shape[-1], feature="d_v")
-        leads["value_table"] = value_table.shape[:-2]
-    lead = _checks.broadcast(**leads)
-    if position_bias is not None and position_table is None:
-        raise ValueError("position_bias needs a position_table: it is added to q before q Rᵀ")
-    for name, b in (("content_bias", content_bias), ("position_bias", position_bias)):
-        if b is not None:
-            _checks.broadcastable(name, b.shape, tuple(q.shape), "q")
-    scale, causal, block_size = core.check_options(
-        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
-        causal=causal, scale=scale, block_size=block_size,
-    )  # fmt: skip
-    q, k, v, table, u, pos_bias, bias, relative_bias, value_table = (
-        _checks.cast(xp, a, dtype)
-        for a in (
-            q, k, v, position_table, content_bias, position_bias, bias, relative_bias, value_table
-        )
-    )  # fmt: skip
     return core.attention(
-        q, k, v, xp, scale=scale, content_bias=u, position_bias=pos_bias, key_table=table,
-        value_table=value_table, relative_bias=relative_bias, bias=bias, mask=mask,
-        causal=causal, block_size=block_size,
+        problem.check(
+            q, k, v, position_table=position_table, query_position_table=query_position_table,
+            value_table=value_table, content_bias=content_bias, position_bias=position_bias,
+            relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
+            block_size=block_size,
+        )
     )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _checks, core
+from . import core, problem
 from ._typing import Array
 
 __all__ = ["disentangled_attention"]
@@ -14,7 +14,7 @@ def disentangled_attention(
     q: Array,
     k: Array,
     v: Array,
-    key_position_table: Array,
+    position_table: Array,
     query_position_table: Array,
     *,
     mask: Array = None,
@@ -34,7 +34,7 @@ def disentangled_attention(
         Content keys ``K_c``.
     v : array of shape (..., Lk, d_v), real floating
         Values.
-    key_position_table : array of shape (..., W, d), real floating, or None
+    position_table : array of shape (..., W, d), real floating, or None
         ``Kʳ``, the projected relative position keys per column of the
         relative layout (``δ = m - (Lk - 1)``): DeBERTa's ``pos_key_layer``
         gathered at ``φ(δ)`` for each column. ``W = Lq + Lk - 1`` (full), or
@@ -95,48 +95,19 @@ def disentangled_attention(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import disentangled_attention
     >>> q = k = v = xp.ones((2, 4))
     >>> table = xp.zeros((3, 4))                       # W = Lq + Lk - 1
     >>> disentangled_attention(q, k, v, table, table)
-    Array([[1., 1., 1., 1.],
-           [1., 1., 1., 1.]], dtype=array_api_strict.float64)
+    array([[1., 1., 1., 1.],
+           [1., 1., 1., 1.]])
     """
-    xp = _checks.namespace(
-        q=q, k=k, v=v,
-        optional={
-            "key_position_table": key_position_table,
-            "query_position_table": query_position_table,
-            "mask": mask, "bias": bias, "relative_bias": relative_bias,
-        },
-    )  # fmt: skip
-    dtype = _checks.floating(
-        xp, q=q, k=k, v=v, key_position_table=key_position_table,
-        query_position_table=query_position_table, bias=bias, relative_bias=relative_bias,
-    )  # fmt: skip
-    lq, lk, d = core.check_qkv(q, k, v)
-    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
-    for name, table in (
-        ("key_position_table", key_position_table),
-        ("query_position_table", query_position_table),
-    ):
-        if table is not None:
-            core.check_table(name, table, lq, lk, d)
-            leads[name] = table.shape[:-2]
-    lead = _checks.broadcast(**leads)
-    terms = 1 + (key_position_table is not None) + (query_position_table is not None)
-    if scale is None and d > 0:
-        scale = (terms * d) ** -0.5
-    scale, causal, block_size = core.check_options(
-        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
-        causal=causal, scale=scale, block_size=block_size,
-    )  # fmt: skip
-    q, k, v, key_table, query_table, bias, relative_bias = (
-        _checks.cast(xp, a, dtype)
-        for a in (q, k, v, key_position_table, query_position_table, bias, relative_bias)
-    )
+    terms = 1 + (position_table is not None) + (query_position_table is not None)
     return core.attention(
-        q, k, v, xp, scale=scale, key_table=key_table, query_table=query_table,
-        relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, block_size=block_size,
+        problem.check(
+            q, k, v, position_table=position_table, query_position_table=query_position_table,
+            relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
+            block_size=block_size, default_scale=lambda d: (terms * d) ** -0.5,
+        )
     )  # fmt: skip

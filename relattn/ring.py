@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from . import _checks, core
+from . import _checks, problem
 from ._typing import Array
 from .backends import backend_for
+from .fold import KeyBlock, block_finish, fold_keys, rows_of
+from .problem import Problem, check_qkv
 
 __all__ = ["ring_attention"]
 
@@ -22,10 +25,12 @@ def ring_attention(
     position_bias: Array = None,
     query_position_table: Array = None,
     value_table: Array = None,
-    relative_bias: Array = None,
     mask: Array = None,
+    bias: Array = None,
+    relative_bias: Array = None,
     causal: bool = False,
     scale: Any = None,
+    block_size: Any = None,
 ) -> Array:
     """Relative attention over a sequence sharded across devices, key blocks passed round a ring.
 
@@ -65,12 +70,19 @@ def ring_attention(
         ``True`` = may attend, broadcastable to the **whole** scores
         ``(..., Lq, Lk)`` (e.g. a key-padding mask ``(B, 1, 1, Lk)``),
         replicated; each step slices its block.
+    bias : array, real floating, optional
+        Added to the scaled scores; broadcastable to the **whole** scores,
+        replicated; each step slices its block.
     causal : bool, optional
         Mask ``δ > 0``. The steps whose key block lies wholly after this
         device's queries are skipped (``lax.cond``): less work, not less time,
         since the ring moves in lockstep (no load balancing).
     scale : float or 0-d array, optional
         Score scale, ``1/√d`` by default.
+    block_size : int or (int, int), optional
+        Fold each key shard in blocks of this many keys (the second of a pair),
+        for memory ``O(bq·block)`` per step instead of ``O(bq·bk)``; default:
+        the whole shard at once.
 
     Returns
     -------
@@ -107,6 +119,8 @@ def ring_attention(
 
     Examples
     --------
+    This example needs JAX, an optional extra: ``pip install "relattn[jax]"``.
+
     >>> import jax, jax.numpy as jnp, numpy as np
     >>> from jax.sharding import Mesh, PartitionSpec as P
     >>> from relattn import ring_attention, relative_attention
@@ -118,56 +132,74 @@ def ring_attention(
     >>> bool(jnp.allclose(ring(x, x, x), relative_attention(x, x, x, None, causal=True), atol=1e-6))
     True
     """
-    xp = _checks.namespace(
-        q=q, k=k, v=v,
-        optional={
-            "position_table": position_table, "content_bias": content_bias,
-            "position_bias": position_bias, "query_position_table": query_position_table,
-            "value_table": value_table, "relative_bias": relative_bias, "mask": mask,
-        },
-    )  # fmt: skip
-    ring = backend_for(xp).ring_attention
-    if ring is None:
+    xp = _checks.namespace(q=q, k=k, v=v)
+    collective = backend_for(xp).collective
+    if collective is None:
         raise TypeError(
             "ring_attention needs JAX arrays inside jax.shard_map (its collective is "
             f"lax.ppermute), got {xp.__name__} arrays"
         )
-    dtype = _checks.floating(
-        xp, q=q, k=k, v=v, position_table=position_table, content_bias=content_bias,
-        position_bias=position_bias, query_position_table=query_position_table,
-        value_table=value_table, relative_bias=relative_bias,
+    check_qkv(q, k, v)
+    devices = collective.axis_size(axis_name)
+    bq, bk = q.shape[-2], k.shape[-2]
+    p = problem.check(
+        q, k, v, position_table=position_table, query_position_table=query_position_table,
+        value_table=value_table, content_bias=content_bias, position_bias=position_bias,
+        relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
+        block_size=block_size, lengths=(devices * bq, devices * bk),
     )  # fmt: skip
-    bq, bk, d = core.check_qkv(q, k, v)
-    devices = ring.axis_size(axis_name)
-    lq, lk = devices * bq, devices * bk
-    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
-    for name, table, features, what in (
-        ("position_table", position_table, d, "d"),
-        ("query_position_table", query_position_table, d, "d"),
-        ("value_table", value_table, v.shape[-1], "d_v"),
-    ):
-        if table is not None:
-            core.check_table(name, table, lq, lk, features, what)
-            leads[name] = table.shape[:-2]
-    lead = _checks.broadcast(**leads)
-    if position_bias is not None and position_table is None:
-        raise ValueError("position_bias needs a position_table: it is added to q before q Rᵀ")
-    for name, b in (("content_bias", content_bias), ("position_bias", position_bias)):
-        if b is not None:
-            _checks.broadcastable(name, b.shape, tuple(q.shape), "q")
-    scale, causal, _ = core.check_options(
-        xp, (*lead, lq, lk), d, mask=mask, bias=None, relative_bias=relative_bias,
-        causal=causal, scale=scale, block_size=None,
-    )  # fmt: skip
-    arrays = (
-        q, k, v, position_table, content_bias, position_bias, query_position_table,
-        value_table, relative_bias,
-    )  # fmt: skip
-    q, k, v, table, u, p_bias, q_table, value_table, relative_bias = (
-        _checks.cast(xp, a, dtype) for a in arrays
+    return _ring(p, collective, axis_name, devices)
+
+
+def _ring(p: Problem, collective: Any, axis_name: Any, devices: int) -> Any:
+    """The ring driver of the block fold: ``n`` steps, each folding the key shard at hand
+    (in sub-blocks of ``p.block_size``) and passing it on to the next device."""
+    xp, backend = p.xp, backend_for(p.xp)
+    bq, bk = p.q.shape[-2], p.k.shape[-2]
+    # Every operand varies over the ring's axis: replicated tables, masks and biases are
+    # cast to varying here, once, so that their cotangents are summed over the devices
+    # here too (a psum), and not inside a lax.cond branch that some devices skip.
+    inputs = (p.q, p.k, p.v)
+    p = p.with_arrays(tuple(backend.align(x, inputs, (axis_name,)) for x in p.arrays()))
+    me = collective.axis_index(axis_name)
+    i0 = me * bq
+    # This device's rows of the whole-sequence mask and bias.
+    rows = dataclasses.replace(
+        p, bias=_local_rows(p.bias, i0, bq, backend), mask=_local_rows(p.mask, i0, bq, backend)
     )
-    return ring.attend(
-        q, k, v, xp, axis_name=axis_name, scale=scale, content_bias=u, position_bias=p_bias,
-        key_table=table, query_table=q_table, value_table=value_table,
-        relative_bias=relative_bias, mask=mask, causal=causal,
-    )  # fmt: skip
+    sub = bk if p.block_size is None else min(p.block_size[1], bk)
+    parts = -(-bk // sub)
+
+    def key_block_at(step: int, held: tuple[Any, Any, Any]) -> tuple[KeyBlock, Any]:
+        shard, part = divmod(step, parts)
+        keys, values, j0 = held
+        if part == 0 and shard > 0:
+            # The shard at hand moves on; the previous device's arrives.
+            keys, values = collective.rotate((keys, values), axis_name)
+            j0 = ((me - shard) % devices) * bk  # it started on device me - shard
+        a, b = part * sub, min(part * sub + sub, bk)
+        k, v = rows_of(keys, a, b, -2), rows_of(values, a, b, -2)
+        start = j0 + a
+        # DeBERTa's position-to-content term reads the scaled keys: scaled here, not
+        # passed round the ring beside the keys.
+        ks = None if p.ks is None else k * p.scale
+        kb = KeyBlock(
+            start, k, v, ks, _local_keys(rows.bias, start, b - a, backend),
+            _local_keys(rows.mask, start, b - a, backend),
+        )  # fmt: skip
+        return kb, (keys, values, j0)
+
+    state = fold_keys(
+        p, rows, i0, devices * parts, key_block_at, (p.k, p.v, me * bk), cond=backend.cond
+    )
+    return block_finish(state, p.dtype, xp)
+
+
+def _local_rows(x: Any, i0: Any, size: int, backend: Any) -> Any:
+    """Rows ``[i0, i0 + size)`` of a whole-scores ``mask`` or ``bias`` (``None`` stays)."""
+    return backend.dynamic_slice(x, i0, size, -2)
+
+
+def _local_keys(x: Any, j0: Any, size: int, backend: Any) -> Any:
+    """Columns ``[j0, j0 + size)`` of a mask or bias's rows (``None`` stays)."""
+    return backend.dynamic_slice(x, j0, size, -1)

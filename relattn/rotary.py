@@ -16,7 +16,7 @@ def rotary_position_embedding(
     positions: Array = None,
     *,
     base: float = 10000.0,
-    layout: str = "interleaved",
+    layout: str | None = None,
     rotary_dim: int | None = None,
     frequencies: Array = None,
 ) -> Array:
@@ -33,10 +33,19 @@ def rotary_position_embedding(
     base : float, optional
         ``θ_k = base^(-2k/r)``, ``k = 0 … r/2 - 1`` (10000 in RoFormer and
         LLaMA; 500000 in LLaMA-3).
-    layout : {"interleaved", "concatenated"}, optional
-        Which features form the pair rotated by ``θ_k``: ``(x_2k, x_2k+1)``
-        in ``"interleaved"`` (the paper, GPT-J, RoFormer), ``(x_k, x_{k+r/2})``
-        in ``"concatenated"`` (GPT-NeoX, LLaMA, HF's ``rotate_half``).
+    layout : {"concatenated", "interleaved"}
+        Required, keyword-only: which features form the pair rotated by
+        ``θ_k``. A checkpoint works only with the layout it was trained
+        with, and nothing in the arrays tells them apart.
+
+        - ``"concatenated"``: ``(x_k, x_{k+r/2})``, the two halves (Hugging
+          Face's ``rotate_half``): GPT-NeoX and Pythia, and LLaMA 1–3,
+          Mistral, Mixtral, Qwen, Gemma, Phi-3 and Falcon as Hugging Face
+          transformers loads them.
+        - ``"interleaved"``: ``(x_2k, x_2k+1)``, neighbouring features: the
+          RoFormer paper and code, GPT-J, CodeGen, ChatGLM2 and 3, and Meta's
+          own LLaMA code (``torch.view_as_complex``), whose checkpoints
+          Hugging Face's conversion permutes into the concatenated layout.
     rotary_dim : int, optional
         ``r``, the number of leading features rotated (even, ``<= d``); the
         features ``r … d-1`` pass unchanged (GPT-NeoX's partial rotary).
@@ -58,9 +67,9 @@ def rotary_position_embedding(
         ``[0, d]``, ``positions`` is not ``(L,)``, ``frequencies`` is not
         ``(r/2,)``, ``base`` is not positive, or ``layout`` is unknown.
     TypeError
-        If ``x`` is not a real floating array, ``positions`` not a real or
-        integer array, ``frequencies`` not a real floating array, or the
-        arrays come from different libraries.
+        If ``layout`` is not given, ``x`` is not a real floating array,
+        ``positions`` not a real or integer array, ``frequencies`` not a real
+        floating array, or the arrays come from different libraries.
 
     See Also
     --------
@@ -86,13 +95,27 @@ def rotary_position_embedding(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import numpy as np
     >>> from relattn import rotary_position_embedding
-    >>> x = xp.asarray([[1.0, 0.0], [1.0, 0.0]])       # positions 0 and 1, d = 2
-    >>> y = rotary_position_embedding(x, base=1.0)      # θ_0 = 1 rad
-    >>> [[round(float(v), 4) for v in row] for row in (y[0, :], y[1, :])]
+    >>> x = np.asarray([[1.0, 0.0], [1.0, 0.0]])  # positions 0 and 1, d = 2
+    >>> y = rotary_position_embedding(x, base=1.0, layout="interleaved")  # θ_0 = 1 rad
+    >>> np.round(y, 4).tolist()
     [[1.0, 0.0], [0.5403, 0.8415]]
+
+    The layouts differ from ``d = 4`` on: pair 0 is features 0 and 1 when
+    interleaved, features 0 and 2 when concatenated.
+
+    >>> x = np.asarray([[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    >>> np.round(rotary_position_embedding(x, base=1.0, layout="interleaved")[1], 4).tolist()
+    [0.5403, 0.8415, 0.0, 0.0]
+    >>> np.round(rotary_position_embedding(x, base=1.0, layout="concatenated")[1], 4).tolist()
+    [0.5403, 0.0, 0.8415, 0.0]
     """
+    if layout is None:
+        raise TypeError(
+            "rotary_position_embedding: layout is required: 'concatenated' (LLaMA, Mistral, "
+            "Qwen, GPT-NeoX, HF rotate_half) or 'interleaved' (GPT-J, RoFormer, Meta's LLaMA code)"
+        )
     xp = _checks.namespace(x=x, optional={"positions": positions, "frequencies": frequencies})
     _checks.floating(xp, x=x)
     _checks.ndim("x", x, 2, "(..., L, d)")

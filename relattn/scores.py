@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import _checks, blocks, core
+from . import _checks
 from ._typing import Array
+from .problem import check_table
+from .shift import shift
 
 __all__ = [
     "additive_scores",
@@ -78,28 +80,24 @@ def relative_scores(q: Array, table: Array, key_length: int, *, bias: Array = No
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import relative_scores, relative_distances
     >>> table = xp.astype(relative_distances(2, 2, xp=xp), xp.float64)[:, None]   # δ itself
     >>> relative_scores(xp.ones((2, 1)), table, 2)
-    Array([[ 0.,  1.],
-           [-1.,  0.]], dtype=array_api_strict.float64)
+    array([[ 0.,  1.],
+           [-1.,  0.]])
     """
     xp = _checks.namespace(q=q, table=table, optional={"bias": bias})
     dtype = _checks.floating(xp, q=q, table=table, bias=bias)
     _checks.ndim("q", q, 2, "(..., Lq, d)")
     lk = _checks.length("key_length", key_length, minimum=0)
     lq, d = q.shape[-2:]
-    width = core.check_table("table", table, lq, lk, d)
+    check_table("table", table, lq, lk, d)
     _checks.broadcast(q=q.shape[:-2], table=table.shape[:-2])
     if bias is not None:
         _checks.broadcastable("bias", bias.shape, tuple(q.shape), "q")
     q, table, bias = (_checks.cast(xp, a, dtype) for a in (q, table, bias))
-    causal = width != lq + lk - 1
-    rel = blocks.Relative(lq, lk, causal, key_table=table)
-    return blocks.relative_term(
-        rel, q if bias is None else q + bias, None, (0, lq, 0, lk), xp, fill=0.0
-    )
+    return shift((q if bias is None else q + bias) @ xp.matrix_transpose(table), lk, xp)
 
 
 def dot_product_scores(q: Array, k: Array) -> Array:
@@ -133,13 +131,13 @@ def dot_product_scores(q: Array, k: Array) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import dot_product_scores
     >>> q = xp.asarray([[1.0, 0.0], [0.0, 2.0]])
     >>> k = xp.asarray([[1.0, 1.0], [0.0, 1.0], [2.0, 0.0]])
     >>> dot_product_scores(q, k)
-    Array([[1., 0., 2.],
-           [2., 2., 0.]], dtype=array_api_strict.float64)
+    array([[1., 0., 2.],
+           [2., 2., 0.]])
     """
     xp = _checks.namespace(q=q, k=k)
     dtype = _checks.floating(xp, q=q, k=k)
@@ -182,11 +180,11 @@ def scaled_dot_product_scores(q: Array, k: Array, *, scale: Any = None) -> Array
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import scaled_dot_product_scores
     >>> scaled_dot_product_scores(xp.ones((2, 4)), xp.ones((3, 4)))
-    Array([[2., 2., 2.],
-           [2., 2., 2.]], dtype=array_api_strict.float64)
+    array([[2., 2., 2.],
+           [2., 2., 2.]])
     """
     xp = _checks.namespace(q=q, k=k)
     dtype = _checks.floating(xp, q=q, k=k)
@@ -230,13 +228,13 @@ def bilinear_scores(q: Array, k: Array, weight: Array) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import bilinear_scores
     >>> q = xp.asarray([[1.0, 2.0]])
     >>> k = xp.asarray([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     >>> weight = xp.asarray([[1.0, 0.0, 3.0], [0.0, 1.0, 0.0]])   # (d_q, d_k) = (2, 3)
     >>> bilinear_scores(q, k, weight)
-    Array([[1., 3.]], dtype=array_api_strict.float64)
+    array([[1., 3.]])
     """
     xp = _checks.namespace(q=q, k=k, weight=weight)
     dtype = _checks.floating(xp, q=q, k=k, weight=weight)
@@ -329,13 +327,13 @@ def additive_scores(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import additive_scores
     >>> q, k = xp.ones((2, 3)), xp.ones((4, 5))
     >>> w, u = xp.zeros((3, 6)), xp.zeros((5, 6))
     >>> additive_scores(q, k, w, u, xp.ones(6), bias=xp.full(6, 100.0))   # 6 · tanh(100)
-    Array([[6., 6., 6., 6.],
-           [6., 6., 6., 6.]], dtype=array_api_strict.float64)
+    array([[6., 6., 6., 6.],
+           [6., 6., 6., 6.]])
     """
     xp = _checks.namespace(
         q=q, k=k, query_weight=query_weight, key_weight=key_weight, v=v, optional={"bias": bias}
@@ -426,13 +424,13 @@ def cosine_scores(q: Array, k: Array) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import cosine_scores
     >>> q = xp.asarray([[3.0, 4.0], [0.0, 0.0]])
     >>> k = xp.asarray([[4.0, 3.0], [1.0, 0.0]])
     >>> cosine_scores(q, k)
-    Array([[0.96, 0.6 ],
-           [0.  , 0.  ]], dtype=array_api_strict.float64)
+    array([[0.96, 0.6 ],
+           [0.  , 0.  ]])
     """
     xp = _checks.namespace(q=q, k=k)
     dtype = _checks.floating(xp, q=q, k=k)
@@ -475,14 +473,14 @@ def location_scores(q: Array, weight: Array) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import masked_softmax
     >>> from relattn import location_scores
     >>> logits = location_scores(xp.ones((2, 4)), xp.zeros((4, 5)))
     >>> logits.shape
     (2, 5)
     >>> masked_softmax(logits)[0, :]
-    Array([0.2, 0.2, 0.2, 0.2, 0.2], dtype=array_api_strict.float64)
+    array([0.2, 0.2, 0.2, 0.2, 0.2])
     """
     xp = _checks.namespace(q=q, weight=weight)
     dtype = _checks.floating(xp, q=q, weight=weight)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _checks, core
+from . import _checks, core, problem
 from ._typing import Array
 from .positions import OUT_OF_RANGE, clip_radius, relative_table
 
@@ -38,8 +38,8 @@ def shaw_attention(
     q: Array,
     k: Array,
     v: Array,
-    key_table: Array,
-    value_table: Array = None,
+    key_embeddings: Array,
+    value_embeddings: Array = None,
     *,
     mask: Array = None,
     bias: Array = None,
@@ -61,12 +61,12 @@ def shaw_attention(
         memory and query ``i`` sits at key position ``i + Lk - Lq``.
     v : array of shape (..., Lk, d_v), real floating
         Values ``x_j W^V``.
-    key_table : array of shape (..., 2K+1, d), real floating, or None
+    key_embeddings : array of shape (..., 2K+1, d), real floating, or None
         ``w^K_{-K} … w^K_K``: row ``δ + K`` is added to the key of every pair
         at distance ``δ = j - i`` (key minus query). Usually ``(2K+1, d)``,
         shared by all heads; leading dimensions broadcast with ``q``'s.
         ``None``: no key term.
-    value_table : array of shape (..., 2K'+1, d_v), real floating, optional
+    value_embeddings : array of shape (..., 2K'+1, d_v), real floating, optional
         ``w^V_{-K'} … w^V_{K'}``, added to the values the same way. ``K'``
         may differ from ``K``. Default: no value term (the keys-only variant).
     mask : array, bool, optional
@@ -112,6 +112,7 @@ def shaw_attention(
     --------
     relative_table : The expansion of a clipped table to the relative layout.
     relative_attention : The same core with a table per distance (``value_table=``).
+    relative_table : Expands ``key_embeddings`` to the relative layout.
 
     Notes
     -----
@@ -135,57 +136,49 @@ def shaw_attention(
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import causal_mask
     >>> from relattn import shaw_attention
     >>> q = k = v = xp.zeros((3, 2))                    # uniform weights
-    >>> key_table = xp.zeros((3, 2))                     # K = 1
-    >>> value_table = xp.asarray([[-3.0], [0.0], [3.0]]) # w^V for δ = -1, 0, 1
-    >>> shaw_attention(q, k, v[:, :1], key_table, value_table)
-    Array([[ 2.],
+    >>> key_embeddings = xp.zeros((3, 2))                     # K = 1
+    >>> value_embeddings = xp.asarray([[-3.0], [0.0], [3.0]]) # w^V for δ = -1, 0, 1
+    >>> shaw_attention(q, k, v[:, :1], key_embeddings, value_embeddings)
+    array([[ 2.],
            [ 0.],
-           [-2.]], dtype=array_api_strict.float64)
-    >>> shaw_attention(q, k, v[:, :1], key_table, value_table, causal=True)
-    Array([[ 0. ],
+           [-2.]])
+    >>> shaw_attention(q, k, v[:, :1], key_embeddings, value_embeddings, causal=True)
+    array([[ 0. ],
            [-1.5],
-           [-2. ]], dtype=array_api_strict.float64)
+           [-2. ]])
     """
-    xp = _checks.namespace(
-        q=q, k=k, v=v,
-        optional={
-            "key_table": key_table, "value_table": value_table, "mask": mask, "bias": bias,
-            "relative_bias": relative_bias,
-        },
-    )  # fmt: skip
-    dtype = _checks.floating(
-        xp, q=q, k=k, v=v, key_table=key_table, value_table=value_table, bias=bias,
-        relative_bias=relative_bias,
-    )  # fmt: skip
     _checks.choice("out_of_range", out_of_range, OUT_OF_RANGE)
-    lq, lk, d = core.check_qkv(q, k, v)
-    leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
-    if key_table is not None:
-        _check_clipped_table("key_table", key_table, d, "d", radius)
-        leads["key_table"] = key_table.shape[:-2]
-    if value_table is not None:
-        _check_clipped_table("value_table", value_table, v.shape[-1], "d_v", radius)
-        leads["value_table"] = value_table.shape[:-2]
-    lead = _checks.broadcast(**leads)
-    scale, causal, block_size = core.check_options(
-        xp, (*lead, lq, lk), d, mask=mask, bias=bias, relative_bias=relative_bias,
-        causal=causal, scale=scale, block_size=block_size,
-    )  # fmt: skip
-    q, k, v, key_table, value_table, bias, relative_bias = (
-        _checks.cast(xp, a, dtype) for a in (q, k, v, key_table, value_table, bias, relative_bias)
-    )
-    # One row per distance of the relative layout, O(W·d): never one per (i, j) pair.
-    # With causal=True only δ <= 0 are needed: the causal layout.
-    tables = [
-        None if t is None
-        else relative_table(t, lq, lk, causal=causal, out_of_range=out_of_range, radius=radius)
-        for t in (key_table, value_table)
-    ]  # fmt: skip
+
+    def expand(xp: Any, dtype: Any, causal: bool, lq: int, lk: int) -> dict[str, Any]:
+        # One row per distance of the relative layout, O(W·d): never one per (i, j) pair.
+        # With causal=True only δ <= 0 are needed: the causal layout.
+        tables = {}
+        for name, given, features, what in (
+            ("position_table", key_embeddings, q.shape[-1], "d"),
+            ("value_table", value_embeddings, v.shape[-1], "d_v"),
+        ):
+            if given is not None:
+                shown = NAMES[name]
+                _check_clipped_table(shown, given, features, what, radius)
+                table = _checks.cast(xp, given, dtype)
+                tables[name] = relative_table(
+                    table, lq, lk, causal=causal, out_of_range=out_of_range, radius=radius
+                )
+        return tables
+
     return core.attention(
-        q, k, v, xp, scale=scale, key_table=tables[0], value_table=tables[1],
-        relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, block_size=block_size,
+        problem.check(
+            q, k, v, mask=mask, bias=bias, relative_bias=relative_bias, causal=causal,
+            scale=scale, block_size=block_size,
+            others={"key_embeddings": key_embeddings, "value_embeddings": value_embeddings},
+            expand=expand, names=NAMES,
+        )
     )  # fmt: skip
+
+
+#: Shaw's clipped embeddings, by the core's name of the tables they expand to.
+NAMES = {"position_table": "key_embeddings", "value_table": "value_embeddings"}

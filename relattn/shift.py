@@ -14,13 +14,28 @@ from __future__ import annotations
 from typing import Any
 
 import array_api_compat
-import array_api_extra as xpx
 
 from . import _checks
 from ._typing import Array
 from .backends import backend_for
 
 __all__ = ["rel_shift", "rel_unshift"]
+
+
+def extend(x: Any, axis: int, before: int, after: int, xp: Any, fill: float = 0.0) -> Any:
+    """``x`` with ``before`` and ``after`` cells of ``fill`` added along ``axis`` (negative).
+
+    One ``concat`` with constant blocks: cheaper per call than a general pad (which
+    small decode-size calls feel), and plain to every tracer.
+    """
+    parts = []
+    device = array_api_compat.device(x)
+    for size in (before, after):
+        shape = list(x.shape)
+        shape[axis] = size
+        parts.append(xp.full(tuple(shape), fill, dtype=x.dtype, device=device) if size else None)
+    pieces = [a for a in (parts[0], x, parts[1]) if a is not None]
+    return pieces[0] if len(pieces) == 1 else xp.concat(pieces, axis=axis)
 
 
 def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
@@ -38,8 +53,7 @@ def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:
     full = lq + key_length - 1
     given = x
     if width != full:
-        pad = [(0, 0)] * (x.ndim - 1) + [(0, full - width)]
-        x = xpx.pad(x, pad, constant_values=fill, xp=xp)
+        x = extend(x, -1, 0, full - width, xp, fill)
     if lq == 1:
         return backend_for(xp).rechunk_like(x, given)
     # Element [i, j - i + Lq - 1] sits at flat index i·(W - 1) + j + Lq - 1.
@@ -63,7 +77,7 @@ def unshift(x: Any, xp: Any) -> Any:
     # Inverse of ``shift`` with a single padded copy: with one zero row above and
     # below and rows widened to W - 1, x[i, j] sits at flat (i + 1)·(W - 1) + j,
     # which is Lk - 1 + i·W + (j - i + Lq - 1): read rows of stride W from there.
-    padded = xpx.pad(x, [(0, 0)] * len(batch) + [(1, 1), (0, lq - 2)], xp=xp)
+    padded = extend(extend(x, -1, 0, lq - 2, xp), -2, 1, 1, xp)
     flat = xp.reshape(padded, (*batch, (lq + 2) * (full - 1)))
     out = xp.reshape(flat[..., lk - 1 : lk - 1 + lq * full], (*batch, lq, full))
     return backend_for(xp).rechunk_like(out, x)
@@ -104,12 +118,12 @@ def rel_shift(x: Array, key_length: int) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import rel_shift, relative_distances
     >>> x = xp.stack([relative_distances(2, 3, xp=xp)] * 2)   # each cell holds its δ
     >>> rel_shift(x, 3)
-    Array([[-1,  0,  1],
-           [-2, -1,  0]], dtype=array_api_strict.int64)
+    array([[-1,  0,  1],
+           [-2, -1,  0]])
     """
     xp = _checks.namespace(x=x)
     _checks.ndim("x", x, 2, "(..., Lq, W)")
@@ -153,11 +167,11 @@ def rel_unshift(x: Array) -> Array:
 
     Examples
     --------
-    >>> import array_api_strict as xp
+    >>> import array_api_compat.numpy as xp
     >>> from relattn import rel_unshift
     >>> rel_unshift(xp.asarray([[1, 2], [3, 4]]))
-    Array([[0, 1, 2],
-           [3, 4, 0]], dtype=array_api_strict.int64)
+    array([[0, 1, 2],
+           [3, 4, 0]])
     """
     xp = _checks.namespace(x=x)
     _checks.ndim("x", x, 2, "(..., Lq, Lk)")

@@ -1,24 +1,40 @@
-"""One test suite, every backend.
+"""One test suite, every backend: the fixtures over :mod:`relattn.testing`'s targets.
 
-The ``backend`` fixture runs a test once per :class:`Target`, an array library
-on one device: NumPy, NumPy with read-only inputs (catches hidden in-place
-writes), array-api-strict, PyTorch (CPU), JAX (CPU), Dask, and CuPy / PyTorch
-CUDA / JAX GPU. A target whose library is not installed or has no such device
-is skipped at run time with the reason shown. ``RELATTN_BACKENDS=numpy,torch``
-restricts the run to some targets, by name. Tests of one library's own
-transforms take ``torch_backend`` (``torch.autograd``, ``torch.compile``),
-``jax_backend`` (``jax.grad``) or ``jit_backend`` (either compiler) instead,
-so that the other libraries do not even appear as skipped.
-
-A target is a test configuration over :mod:`relattn.backends`: the library,
-its namespace, its devices, host copies and its compiler all come from the
-:class:`relattn.backends.Backend` record that relattn itself uses.
+The ``backend`` fixture runs a test once per :class:`relattn.testing.Target`,
+an array library on one device: NumPy, NumPy with read-only inputs (catches
+hidden in-place writes), array-api-strict, PyTorch (CPU), JAX (CPU), Dask, and
+CuPy / PyTorch CUDA / JAX GPU. ``RELATTN_BACKENDS=numpy,torch`` restricts the
+run to some targets, by name. Tests of one library's own transforms take
+``torch_backend`` (``torch.autograd``, ``torch.compile``), ``jax_backend``
+(``jax.grad``) or ``jit_backend`` (either compiler) instead, so that the other
+libraries do not even appear. ``checks_backend`` serves the bad-input checks,
+which read metadata only (see ``CHECK_TARGETS``).
 
 Tests build their inputs in NumPy float64, convert them with
-``backend.asarray(a, dtype)``, and compare results with
-``backend.assert_close(result, expected, dtype)`` against a float64 reference:
-the tolerances (SPEC §5) live here and nowhere else. Naive references, written
-from the papers' formulas with loops over ``(i, j)``, are in ``reference.py``.
+``backend.asarray(a, dtype)`` and compare results with
+``backend.assert_close(result, expected, dtype)`` against a float64 reference,
+at the tolerances of SPEC §5 (``relattn.testing.TOLERANCES``). Naive
+references, written from the papers' formulas with loops over ``(i, j)``, are
+in ``reference.py``. What a function supports on a library (jit, gradients,
+the ring …) is declared in :mod:`relattn.capabilities`; tests skip with
+:func:`relattn.testing.skip_unless_capable`.
+
+Collection leaves out (deselects, counted in pytest's summary) the items that
+cannot run here: those of a GPU target when no GPU is present, and those whose
+dtype parameter names a dtype the target's library lacks (NumPy's bfloat16).
+A CPU target whose library is not installed is skipped at run time, with the
+reason.
+
+Markers (registered in ``pyproject.toml``):
+
+- ``subprocess``: runs worker processes (several devices, a Dask cluster, a
+  process group) or Inductor's C++ build; minutes. ``-m "not subprocess"``
+  leaves them out; CI runs them.
+- ``slow``: takes more than a few seconds.
+- ``full_matrix``: the bad-input checks on the targets beyond
+  ``CHECK_TARGETS``. Left out unless ``-m`` names the marker:
+  ``-m full_matrix`` runs just those, ``-m "full_matrix or not full_matrix"``
+  everything.
 
 Laziness: a test module that tags relattn's functions with
 :func:`array_api_extra.testing.lazy_xp_function` (and lists ``relattn`` in
@@ -31,21 +47,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import cached_property
-from types import ModuleType
 from typing import Any
 
 # JAX reads this when it is first imported: float64 must be on for the float64 tests.
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
-import array_api_compat
 import numpy as np
 import pytest
 from array_api_extra import testing as xpx_testing
 from hypothesis import HealthCheck, settings
 
-from relattn.backends import MODULES, Backend, load, namespace_of_module
+from relattn.testing import Target, selected_targets
 
 settings.register_profile(
     "default",
@@ -54,237 +66,34 @@ settings.register_profile(
 )
 settings.load_profile("default")
 
-#: SPEC §5, on unit-scale data.
-TOLERANCES = {
-    "float64": {"rtol": 1e-10, "atol": 1e-12},
-    "float32": {"rtol": 1e-4, "atol": 1e-5},
-    "float16": {"rtol": 1e-2, "atol": 1e-2},
-    "bfloat16": {"rtol": 5e-2, "atol": 5e-2},
-}
-
 FLOAT_DTYPES = ("float32", "float64")
 
-#: dtype name -> the modules (``xp=``) whose library has no such dtype.
-_MISSING_DTYPES = {
-    "bfloat16": ("numpy", "array_api_strict", "cupy", "dask.array"),
-    "float16": ("array_api_strict",),
-}
+TARGETS = selected_targets()
 
-#: Module -> "``x`` is an array of this library" (not NumPy in disguise).
-_IS_ARRAY: dict[str, Callable[[Any], bool]] = {
-    "numpy": array_api_compat.is_numpy_array,
-    "cupy": array_api_compat.is_cupy_array,
-    "torch": array_api_compat.is_torch_array,
-    "jax.numpy": array_api_compat.is_jax_array,
-    "dask.array": array_api_compat.is_dask_array,
-    "array_api_strict": lambda a: type(a).__module__.startswith("array_api_strict"),
-}
+#: The targets of ``checks_backend``: one per path the argument checks take. They read
+#: metadata (types, dtypes, shapes), with the same code for every library but where a
+#: call mixes libraries: NumPy, and JAX, whose calls take NumPy operands (as Dask's
+#: do). Dtype checks and mixed libraries, where each library differs, take ``backend``.
+CHECK_TARGETS = ("numpy", "jax")
 
 
-@dataclass(frozen=True)
-class Target:
-    """One array library on one device, as the tests see it.
-
-    Attributes
-    ----------
-    name : str
-        The test id: ``"numpy_readonly"``, ``"torch_cuda"``, ``"jax_gpu"`` …
-    backend_name : str
-        The relattn backend (a key of :data:`relattn.backends.MODULES`).
-    kind : str
-        The device kind, ``"cpu"`` or ``"gpu"``, passed to ``Backend.device``.
-    readonly : bool
-        Inputs made by :meth:`asarray` cannot be written (NumPy only).
-    """
-
-    name: str
-    backend_name: str
-    kind: str = "cpu"
-    readonly: bool = False
-
-    # -- known without importing the library ----------------------------
-    @property
-    def module(self) -> str:
-        """The module a user passes as ``xp=`` (``"numpy"``, ``"jax.numpy"`` …)."""
-        return MODULES[self.backend_name]
-
-    @property
-    def gpu(self) -> bool:
-        return self.kind == "gpu"
-
-    @property
-    def is_torch(self) -> bool:
-        return self.module == "torch"
-
-    @property
-    def is_jax(self) -> bool:
-        return self.module == "jax.numpy"
-
-    # -- from relattn.backends ------------------------------------------
-    @cached_property
-    def _loaded(self) -> tuple[ModuleType, Backend]:
-        return load(self.backend_name)
-
-    @property
-    def lib(self) -> Any:
-        """The library module a user would pass as ``xp=`` (``numpy``, ``torch`` …)."""
-        return self._loaded[0]
-
-    @property
-    def record(self) -> Backend:
-        """relattn's :class:`~relattn.backends.Backend` record of the library."""
-        return self._loaded[1]
-
-    @cached_property
-    def xp(self) -> Any:
-        """The array-API namespace relattn resolves for this library."""
-        return namespace_of_module(self.lib)
-
-    @cached_property
-    def device(self) -> Any:
-        """``Backend.device(kind)``: the library's device object (``None`` where implicit)."""
-        return self.record.device(self.kind)
-
-    @cached_property
-    def unavailable(self) -> str | None:
-        """Why this target cannot run here, or None."""
-        try:
-            self.device  # noqa: B018 - imports the library and looks the device up
-        except ImportError as e:
-            return f"{self.module} is not installed ({e})"
-        except LookupError as e:
-            return str(e)
-        return None
-
-    def dtype(self, name: str) -> Any:
-        """The library's dtype called ``name``; skips the test if it has none."""
-        if self.module in _MISSING_DTYPES.get(name, ()):
-            pytest.skip(f"{self.name} has no {name}")
-        if self.is_jax and name in ("float64", "complex128"):
-            import jax
-
-            if not jax.config.read("jax_enable_x64"):
-                pytest.skip(f"{self.name} runs without {name} (JAX_ENABLE_X64 unset)")
-        for space in (self.xp, self.lib):
-            if hasattr(space, name):
-                return getattr(space, name)
-        # Dask arrays hold NumPy dtypes; its namespaces name only the standard's.
-        return np.dtype(name)
-
-    # -- conversion -----------------------------------------------------
-    def asarray(self, a: Any, dtype: str | None = None) -> Any:
-        """A copy of NumPy data ``a`` as this target's array on its device, cast to ``dtype``."""
-        host = np.asarray(a)
-        name = str(host.dtype) if dtype is None else dtype
-        want = self.dtype(name)  # first: skips where the library has no such dtype
-        # NumPy has no bfloat16: the library casts float64 data itself.
-        host = np.asarray(host, dtype=np.float64 if name == "bfloat16" else name)
-        x = self.record.from_host(host, device=self.device)
-        if x.dtype != want:
-            x = self.xp.astype(x, want)
-        if self.readonly:
-            x.setflags(write=False)
-        return x
-
-    def to_numpy(self, x: Any) -> np.ndarray:
-        """Host NumPy copy of an array of this target (``Backend.to_host``)."""
-        return self.record.to_host(x)
-
-    def array_module_of(self, x: Any) -> bool:
-        """``x`` is an array of this target's library (not NumPy in disguise)."""
-        return _IS_ARRAY[self.module](x)
-
-    def assert_close(
-        self, actual: Any, expected: Any, dtype: str, *, result_dtype: str | None = None
-    ) -> None:
-        """``actual`` against a float64 NumPy reference, at SPEC §5 tolerances for ``dtype``.
-
-        ``actual`` must be an array of this library, on this target's device,
-        with ``expected``'s shape and dtype ``result_dtype`` (``dtype`` unless
-        given: a complex result of real inputs, say), checked by
-        :func:`array_api_extra.testing.assert_close` against ``expected``
-        converted to that dtype.
-        """
-        __tracebackhide__ = True
-        assert self.array_module_of(actual), f"{self.name} returned a {type(actual)}"
-        want = dtype if result_dtype is None else result_dtype
-        desired = self.asarray(expected, want)
-        if want == "bfloat16":
-            # NumPy cannot read bfloat16 arrays: the dtype is checked here, the values in float32.
-            assert actual.dtype == desired.dtype, f"dtypes do not match: {actual.dtype} != {want}"
-            f32 = self.dtype("float32")
-            actual, desired = self.xp.astype(actual, f32), self.xp.astype(desired, f32)
-        xpx_testing.assert_close(actual, desired, **TOLERANCES[dtype])
-
-    def assert_directional_derivatives(
-        self, loss: Callable[[Any], Any], grad: Any, params: Any, rng: np.random.Generator,
-        *, count: int = 3, h: float = 1e-5, rtol: float = 1e-7,
-    ) -> None:  # fmt: skip
-        """``grad`` (a pytree like ``params``) against central differences of ``loss``.
-
-        Along ``count`` random directions ``u``: ``⟨grad, u⟩`` and
-        ``(loss(p + h·u) − loss(p − h·u)) / 2h`` agree to ``rtol`` (float64).
-        """
-        import jax
-
-        __tracebackhide__ = True
-        leaves, tree = jax.tree_util.tree_flatten(params)
-        grads = jax.tree_util.tree_leaves(grad)
-        for _ in range(count):
-            u = [self.asarray(rng.normal(size=tuple(a.shape)), "float64") for a in leaves]
-
-            def moved(sign: float, u: list[Any] = u) -> Any:
-                return jax.tree_util.tree_unflatten(
-                    tree, [a + sign * h * x for a, x in zip(leaves, u, strict=True)]
-                )
-
-            numeric = float((loss(moved(1.0)) - loss(moved(-1.0))) / (2 * h))
-            analytic = float(sum(self.xp.sum(g * x) for g, x in zip(grads, u, strict=True)))
-            assert abs(numeric - analytic) <= rtol * max(1.0, abs(analytic)), (numeric, analytic)
-
-    def jit(self, fn: Any) -> Any:
-        """``fn`` compiled whole by ``Backend.compile`` (take the ``jit_backend`` fixture).
-
-        JAX: ``jax.jit``. PyTorch: ``torch.compile(fullgraph=True)``, so a graph
-        break fails the test, with the ``aot_eager`` backend: Dynamo's capture
-        and AOTAutograd, without Inductor's C++ build (``test_compile.py`` runs
-        Inductor on the attention functions).
-        """
-        if self.record.compile is None:
-            raise TypeError(f"{self.name} has no compiler: the test should take jit_backend")
-        if self.is_torch:
-            import torch._dynamo
-
-            torch._dynamo.reset()  # a fresh cache: tests reuse code objects
-            return self.record.compile(fn, backend="aot_eager")
-        return self.record.compile(fn)
-
-
-TARGETS = [
-    Target("numpy", "numpy"),
-    Target("numpy_readonly", "numpy", readonly=True),
-    Target("array_api_strict", "array_api_strict"),
-    Target("torch", "torch"),
-    Target("jax", "jax"),
-    Target("dask", "dask"),
-    Target("cupy", "cupy", kind="gpu"),
-    Target("torch_cuda", "torch", kind="gpu"),
-    Target("jax_gpu", "jax", kind="gpu"),
-]
-_SELECTED = os.environ.get("RELATTN_BACKENDS")
-if _SELECTED:
-    TARGETS = [t for t in TARGETS if t.name in _SELECTED.split(",")]
-
-
-def target_fixture(name: str, select: Callable[[Target], bool], *, lazy: bool = False) -> Any:
+def target_fixture(
+    name: str, select: Callable[[Target], bool], *, lazy: bool = False, marks: Any = None
+) -> Any:
     """A fixture ``name`` running a test once per target that ``select`` keeps.
 
     A target that cannot run here skips the test with the reason. With ``lazy``,
     the functions the test module tags with ``lazy_xp_function`` are patched for
-    the test (``jax.jit`` on JAX, no graph computation on Dask).
+    the test (``jax.jit`` on JAX, no graph computation on Dask). ``marks``
+    (``target -> marks``) marks some targets' items.
     """
+    params = [
+        pytest.param(t, id=t.name, marks=() if marks is None else marks(t))
+        for t in TARGETS
+        if select(t)
+    ]
 
-    @pytest.fixture(name=name, params=[t for t in TARGETS if select(t)], ids=lambda t: t.name)
+    @pytest.fixture(name=name, params=params)
     def fixture(request: pytest.FixtureRequest) -> Iterator[Target]:
         target: Target = request.param
         if target.unavailable:
@@ -309,6 +118,12 @@ jit_backend = target_fixture("jit_backend", lambda t: t.is_torch or t.is_jax)
 #: The CPU targets that the examples' recipes hand results back from through DLPack.
 RECIPE_TARGETS = ("numpy", "array_api_strict", "torch", "jax")
 recipe_backend = target_fixture("recipe_backend", lambda t: t.name in RECIPE_TARGETS)
+#: The bad-input checks: ``CHECK_TARGETS``, the other targets under ``full_matrix``.
+checks_backend = target_fixture(
+    "checks_backend",
+    lambda t: True,
+    marks=lambda t: () if t.name in CHECK_TARGETS else pytest.mark.full_matrix,
+)
 
 
 @pytest.fixture(params=FLOAT_DTYPES)
@@ -320,3 +135,45 @@ def dtype(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261121)
+
+
+# ----------------------------------------------------------------------------------------
+# Collection: leave out what cannot run here
+# ----------------------------------------------------------------------------------------
+
+#: Why items were deselected, for the terminal summary: reason -> count.
+_DESELECTED: dict[str, int] = {}
+
+
+def _why_not(item: pytest.Item, config: pytest.Config) -> str | None:
+    """Why ``item`` is left out of this run (see the module's docstring), or ``None``."""
+    if item.get_closest_marker("full_matrix") and "full_matrix" not in config.option.markexpr:
+        return "full_matrix (run with -m full_matrix)"
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    targets = [p for p in params.values() if isinstance(p, Target)]
+    for target in targets:
+        if target.gpu and target.unavailable:
+            return f"{target.name}: {target.unavailable}"
+        for value in params.values():
+            if isinstance(value, str) and not target.has_dtype(value):
+                return f"{target.library} has no {value}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, left_out = [], []
+    for item in items:
+        why = _why_not(item, config)
+        if why is None:
+            kept.append(item)
+        else:
+            left_out.append(item)
+            _DESELECTED[why] = _DESELECTED.get(why, 0) + 1
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for why, count in sorted(_DESELECTED.items()):
+        terminalreporter.write_line(f"deselected {count} items: {why}")

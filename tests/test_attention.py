@@ -66,7 +66,7 @@ def _relative_scores_loop(q, table, lk, bias=None):
 
 
 def _result_dtype(backend, x):
-    return backend.to_numpy(x).dtype
+    return backend.to_host(x).dtype
 
 
 # ===============================================================================================
@@ -83,7 +83,7 @@ def test_masked_softmax_random_mask(backend, dtype, rng):
     out = relattn.masked_softmax(backend.asarray(scores, dtype), backend.asarray(mask))
     expected = reference.masked_softmax(scores, mask)
     backend.assert_close(out, expected, dtype)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert got.dtype == np.dtype(dtype)
     assert np.isfinite(got).all()
     # fully masked rows are exactly zero, masked entries are exactly zero
@@ -108,7 +108,7 @@ def test_masked_softmax_no_mask(backend, dtype, rng):
 def test_masked_softmax_all_masked(backend, dtype, rng):
     scores = rng.normal(size=(4, 5))
     mask = np.zeros((4, 5), bool)
-    out = backend.to_numpy(
+    out = backend.to_host(
         relattn.masked_softmax(backend.asarray(scores, dtype), backend.asarray(mask))
     )
     np.testing.assert_array_equal(out, np.zeros((4, 5)))
@@ -139,7 +139,7 @@ def test_masked_softmax_negative_infinity_scores(backend, dtype, rng):
     allowed = np.isfinite(scores)
     expected = reference.masked_softmax(np.where(allowed, scores, 0.0), allowed)
     backend.assert_close(out, expected, dtype)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert (got[2] == 0).all()
     assert got[0, 1] == 0
 
@@ -155,7 +155,7 @@ def test_masked_softmax_axis(backend, dtype, rng, axis):
     out = relattn.masked_softmax(backend.asarray(scores, dtype), backend.asarray(mask), axis=axis)
     backend.assert_close(out, expected, dtype)
     np.testing.assert_allclose(
-        backend.to_numpy(out).sum(axis=axis), moved_m.any(axis=-1).astype(float), rtol=1e-5
+        backend.to_host(out).sum(axis=axis), moved_m.any(axis=-1).astype(float), rtol=1e-5
     )
 
 
@@ -185,7 +185,7 @@ def test_masked_softmax_low_precision_fully_masked(backend, rng, low):
     s = backend.xp.astype(s, xdt)
     out = relattn.masked_softmax(s, backend.asarray(mask))
     assert out.dtype == xdt
-    got = np.asarray(backend.to_numpy(out), dtype=np.float64)
+    got = np.asarray(backend.to_host(out), dtype=np.float64)
     assert np.isfinite(got).all()
     assert (got[1] == 0).all()
     backend.assert_close(out, reference.masked_softmax(scores, mask), low)
@@ -235,7 +235,7 @@ def test_sdpa_cross_attention(backend, dtype, rng, lq, lk):
     assert tuple(out.shape) == (lq, 3)
     backend.assert_close(out, reference.attention(q, k, v, mask=mask), dtype)
     # fully masked query row: output exactly zero
-    assert (backend.to_numpy(out)[0] == 0).all()
+    assert (backend.to_host(out)[0] == 0).all()
 
 
 def test_sdpa_bias_and_mask(backend, dtype, rng):
@@ -253,7 +253,7 @@ def test_sdpa_bias_and_mask(backend, dtype, rng):
     backend.assert_close(out, reference.attention(q, k, v, mask=mask, bias=bias), dtype)
     # the bias really enters: without it the result differs
     plain = reference.attention(q, k, v, mask=mask)
-    assert np.abs(backend.to_numpy(out) - plain).max() > 1e-2
+    assert np.abs(backend.to_host(out) - plain).max() > 1e-2
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.3])
@@ -280,7 +280,7 @@ def test_sdpa_leading_dims_broadcast_padding(backend, dtype, rng):
     pad_np = np.arange(lk)[None, :] < lengths[:, None]
     expected = reference.attention(q, k, v, mask=pad_np[:, None, None, :])
     backend.assert_close(out, expected, dtype)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert (got[1] == 0).all()
     # padded keys take no part: dropping them gives the same output for batch 0
     trimmed = reference.attention(q[0], k[0, :, :2], v[0, :, :2])
@@ -293,7 +293,7 @@ def test_sdpa_fully_masked_rows_no_nan(backend, dtype, rng):
     out = relattn.scaled_dot_product_attention(
         *(backend.asarray(a, dtype) for a in (q, k, v)), mask=backend.asarray(mask)
     )
-    np.testing.assert_array_equal(backend.to_numpy(out), np.zeros((4, 4)))
+    np.testing.assert_array_equal(backend.to_host(out), np.zeros((4, 4)))
 
 
 def test_sdpa_mixed_dtypes_promote(backend, rng):
@@ -341,7 +341,7 @@ def test_relative_scores(backend, dtype, rng, layout, lq, lk):
     backend.assert_close(out, expected, dtype)
     if layout == "causal":
         delta = np.array([[reference.delta(i, j, lq, lk) for j in range(lk)] for i in range(lq)])
-        assert (backend.to_numpy(out)[:, delta > 0] == 0).all()
+        assert (backend.to_host(out)[:, delta > 0] == 0).all()
 
 
 @pytest.mark.parametrize("layout", ["full", "causal"])
@@ -449,7 +449,7 @@ def test_relative_attention_causal_future_keys_get_zero_weight(backend, dtype, r
     table = rng.normal(size=(lk, d))
     eye = np.eye(lk)
     out = relattn.relative_attention(*(backend.asarray(a, dtype) for a in (q, k, eye, table)))
-    w = backend.to_numpy(out)
+    w = backend.to_host(out)
     delta = _delta_matrix(lq, lk)
     assert (w[delta > 0] == 0).all()
     assert (w[delta <= 0] > 0).all()  # every memory and past key takes part
@@ -498,7 +498,7 @@ def test_relative_attention_four_term_decomposition(backend, dtype, rng, layout,
     )
     backend.assert_close(out, expected, dtype)
     # the score differences recovered from the weights are those of the four terms
-    w = backend.to_numpy(out).astype(np.float64)
+    w = backend.to_host(out).astype(np.float64)
     ok = expected > 0
     i, j = np.nonzero(ok)
     ref_log = np.log(expected[ok])
@@ -539,7 +539,7 @@ def test_relative_attention_full_layout(backend, dtype, rng, lq, lk, with_mask):
     expected = reference.relative_attention(q, k, v, table, u, vb, mask)
     backend.assert_close(out, expected, dtype)
     if with_mask:
-        assert (backend.to_numpy(out)[0, :, 0] == 0).all()
+        assert (backend.to_host(out)[0, :, 0] == 0).all()
 
 
 def test_relative_attention_full_layout_future_keys_take_part(backend, dtype, rng):
@@ -547,7 +547,7 @@ def test_relative_attention_full_layout_future_keys_take_part(backend, dtype, rn
     q = rng.normal(size=(lq, d))
     k = rng.normal(size=(lk, d))
     table = rng.normal(size=(lq + lk - 1, d))
-    w = backend.to_numpy(
+    w = backend.to_host(
         relattn.relative_attention(*(backend.asarray(a, dtype) for a in (q, k, np.eye(lk), table)))
     )
     assert (w > 0).all()  # no causal mask in the full layout
@@ -611,7 +611,7 @@ def test_relative_attention_tener(backend, dtype, rng):
     )
     backend.assert_close(out, reference.relative_attention(q, k, v, table, u, vb, scale=1.0), dtype)
     default = reference.relative_attention(q, k, v, table, u, vb)
-    assert np.abs(backend.to_numpy(out) - default).max() > 1e-3  # scale=1 really differs
+    assert np.abs(backend.to_host(out) - default).max() > 1e-3  # scale=1 really differs
 
 
 def test_relative_attention_single_query(backend, dtype, rng):
@@ -666,17 +666,17 @@ def test_mask_to_bias(backend, rng, name):
     mask[0, 0, 0] = True
     mask[1, 2, 3] = False
     bias = relattn.mask_to_bias(backend.asarray(mask), dtype=target)
-    assert backend.array_module_of(bias)
+    assert backend.is_array(bias)
     assert bias.dtype == target
     assert tuple(bias.shape) == mask.shape
-    got = np.asarray(backend.to_numpy(bias), dtype=np.float64)
+    got = np.asarray(backend.to_host(bias), dtype=np.float64)
     assert np.isfinite(got).all()  # never -inf
     assert (got[mask] == 0).all()
     blocked = got[~mask]
     assert (blocked == blocked[0]).all()
     assert blocked[0] < -1e4  # large negative, even for float16 (min -65504)
     # two biases added stay finite in the same dtype (no overflow to -inf)
-    twice = np.asarray(backend.to_numpy(bias + bias), dtype=np.float64)
+    twice = np.asarray(backend.to_host(bias + bias), dtype=np.float64)
     assert np.isfinite(twice).all()
     assert (twice[~mask] < -1e4).all()
 

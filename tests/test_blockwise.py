@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
-from conftest import TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import relattn
 import relattn.blocks
 import relattn.core
+from relattn.testing import tolerance
 
 #: The attention functions, as imported (never the lazy wrappers of other test modules).
 FUNCTIONS = {
@@ -467,14 +467,14 @@ def _call(target, case: Case, data: Data, dtype: str, block_sizes):
         )
 
     with _lazy(target):
-        outs = target.record.jit(run)(positional, keyword)  # jax.jit; the call itself elsewhere
+        outs = target.default_jit(run)(positional, keyword)  # jax.jit; the call itself elsewhere
     for out in outs:
-        assert target.array_module_of(out), type(out)
+        assert target.is_array(out), type(out)
     return outs
 
 
 def _host(target, x):
-    return np.asarray(target.to_numpy(x), dtype=np.float64)
+    return np.asarray(target.to_host(x), dtype=np.float64)
 
 
 def _check_rows(target, out, data: Data):
@@ -528,7 +528,7 @@ def test_blockwise_equals_dense(backend, dtype, name):
     backend.assert_close(dense, data.expected, dtype)
     _check_rows(backend, dense, data)
     for out in blocked:
-        backend.assert_close(out, backend.to_numpy(dense), dtype)
+        backend.assert_close(out, backend.to_host(dense), dtype)
         backend.assert_close(out, data.expected, dtype)
         _check_rows(backend, out, data)
 
@@ -544,7 +544,6 @@ def test_half_precision(backend, low, name):
     """float16/bfloat16: the blockwise path accumulates in float32. Its result is in the input
     dtype, finite, 0 on fully masked rows, and close to the float64 reference of the rounded
     inputs (the looser tolerance of ``low``), as is the dense one."""
-    backend.dtype(low)  # skips where the library has no such dtype
     case, data = CASES[name], _data(name)
 
     def rounded(a):
@@ -572,18 +571,17 @@ def test_half_precision(backend, low, name):
 def _spy_blockwise(monkeypatch):
     """Record the ``block_size`` of every call of the blockwise path.
 
-    ``relattn.core`` imports ``blockwise`` by name, so its binding is the one the core calls;
-    ``relattn.blocks.blockwise`` is replaced too, should the core call it through the module.
+    ``relattn.core`` imports ``blockwise`` from ``relattn.fold`` by name, so its binding is
+    the one the core calls.
     """
     calls = []
-    original = relattn.blocks.blockwise
+    original = relattn.fold.blockwise
 
-    def spy(blocks, xp, *, block_size, dtype):
+    def spy(problem, block_size):
         calls.append(block_size)
-        return original(blocks, xp, block_size=block_size, dtype=dtype)
+        return original(problem, block_size)
 
     monkeypatch.setattr(relattn.core, "blockwise", spy)
-    monkeypatch.setattr(relattn.blocks, "blockwise", spy)
     return calls
 
 
@@ -623,7 +621,7 @@ def test_automatic_choice_threshold(dtype_name, monkeypatch):
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", str(score_bytes - 1))
     blocked = relattn.scaled_dot_product_attention(q, k, v)
     assert calls == [(2, 2)]
-    np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), **TOLERANCES[dtype_name])
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), **tolerance(dtype_name))
 
 
 def test_automatic_choice_keeps_a_fused_kernel_without_relative_terms(torch_backend, monkeypatch):
@@ -747,7 +745,7 @@ def test_torch_gradcheck(torch_backend, name, monkeypatch):
     assert len(checkpoints) == -(-case.lq // case.blocks[0])  # one per query block
     dense = torch.autograd.grad((f(*values, block_size=None) * weights).sum(), values)
     for (_, key), a, b in zip(leaves, blocked, dense, strict=True):
-        torch_backend.assert_close(a, torch_backend.to_numpy(b), "float64")
+        torch_backend.assert_close(a, torch_backend.to_host(b), "float64")
         assert torch.count_nonzero(b) > 0, key
 
 
@@ -879,7 +877,7 @@ def test_dask_blockwise_stays_lazy():
                 *positional, **keyword, **data.options, block_size=case.blocks[0]
             )
         assert isinstance(out, da.Array)
-        np.testing.assert_allclose(out.compute(), data.expected, **TOLERANCES["float64"])
+        np.testing.assert_allclose(out.compute(), data.expected, **tolerance("float64"))
 
 
 # ===============================================================================================
@@ -924,8 +922,8 @@ def test_property_relative_attention(p):
         relattn.relative_attention(*data.positional, **data.keyword, **data.options, block_size=b)
         for b in (None, case.blocks[0])
     )
-    np.testing.assert_allclose(blocked, dense, **TOLERANCES["float64"])
-    np.testing.assert_allclose(blocked, data.expected, **TOLERANCES["float64"])
+    np.testing.assert_allclose(blocked, dense, **tolerance("float64"))
+    np.testing.assert_allclose(blocked, data.expected, **tolerance("float64"))
     assert np.isfinite(blocked).all() and np.all(blocked[data.empty] == 0)
 
 

@@ -46,18 +46,18 @@ def blocking(directory: Path, *libraries: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def one_line_error(done: subprocess.CompletedProcess) -> str:
+def one_line_error(done: subprocess.CompletedProcess, prog: str = PROG) -> str:
     """The message of a usage error, after checking its form; fails on anything else."""
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stdout == ""
     lines = done.stderr.rstrip("\n").split("\n")
     usage, error = lines[:-1], lines[-1]
-    assert usage and usage[0].startswith(f"usage: {PROG} "), done.stderr
+    assert usage and usage[0].startswith(f"usage: {prog} "), done.stderr
     assert all(line.startswith(" ") for line in usage[1:]), done.stderr  # usage, wrapped
-    assert error.startswith(f"{PROG}: error: "), done.stderr
+    assert error.startswith(f"{prog}: error: "), done.stderr
     assert sum("error:" in line for line in lines) == 1, done.stderr
-    return error.removeprefix(f"{PROG}: error: ")
+    return error.removeprefix(f"{prog}: error: ")
 
 
 BAD_VALUES = [
@@ -98,6 +98,10 @@ BAD_VALUES = [
     (["--backend", "tensorflow"], ["--backend", "'tensorflow'"]),
     (["--scheme", "xpos"], ["--scheme", "'xpos'"]),
     (["--dtype", "float16"], ["--dtype", "'float16'"]),
+    (["--check", "some"], ["--check", "'some'", "'reference'", "'none'"]),
+    (["--check-segments", "0"], ["--check-segments", "got 0", "positive"]),
+    (["--check-segments", "all"], ["--check-segments", "'all'", "integer"]),
+    (["--check", "none", "--check-segments", "2"], ["--check-segments 2", "--check none"]),
 ]
 
 
@@ -128,6 +132,7 @@ def test_edge_values_a_scheme_can_run_are_accepted(flags, scheme, tmp_path):
     done = cli("demo", "--scheme", scheme, "--segment", "8", "--text", str(text), *flags)
     assert done.returncode == 0, done.stderr
     assert "all checks passed" in done.stdout
+    assert done.stderr == ""  # not a terminal: no progress bars
 
 
 def test_missing_text_file(tmp_path):
@@ -236,6 +241,60 @@ def test_backend_all_lists_skipped_backends_and_runs_the_rest(tmp_path):
     assert "all checks passed" in done.stdout
 
 
+def test_version():
+    import relattn
+
+    done = cli("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"relattn {relattn.__version__}\n",
+        "",
+    )
+    assert relattn.__version__ == "0.2.0"
+
+
+def test_no_command_is_a_usage_error_listing_the_commands():
+    message = one_line_error(cli(), prog="python -m relattn")
+    assert message == (
+        "a command is required: demo (the position schemes over real text, checked) "
+        "or info (the array libraries found)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv0", "prog"),
+    [
+        ("/venv/bin/relattn", "relattn"),
+        ("relattn", "relattn"),
+        ("C:/venv/Scripts/relattn.exe", "relattn"),
+        ("/src/relattn/__main__.py", "python -m relattn"),
+        ("/venv/bin/pytest", "python -m relattn"),
+        ("", "python -m relattn"),
+    ],
+)
+def test_program_name(argv0, prog):
+    from relattn.__main__ import program_name
+
+    assert program_name(argv0) == prog
+
+
+def test_console_script_names_itself_relattn(tmp_path):
+    """The ``relattn`` script pip installs says ``usage: relattn …``, not ``python -m relattn``."""
+    script = Path(sys.executable).with_name("relattn")
+    if not script.exists():
+        pytest.skip(f"no console script at {script} (pip install -e . writes it)")
+
+    def run(*args):
+        return subprocess.run(
+            [str(script), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.startswith("relattn "), done.stderr
+    assert one_line_error(run(), prog="relattn").startswith("a command is required: demo")
+    assert "got 0" in one_line_error(run("demo", "--segment", "0"), prog="relattn demo")
+
+
 def test_top_level_help_describes_the_demo():
     done = cli("--help")
     assert done.returncode == 0, done.stderr
@@ -263,3 +322,6 @@ def test_demo_help_lists_schemes_backends_and_flags():
     assert "NumPy float64" in out and "naive twin" in out
     for flag in ("--segment", "--memory", "--d-model", "--heads", "--layers", "--clamp-len"):
         assert flag in out
+    assert "--check {all,reference,naive,none}" in out and "--check-segments N" in out
+    assert "none: no check, the times only" in out
+    assert "--no-progress no progress bars" in out and "standard error" in out

@@ -4,7 +4,7 @@
 ``fullgraph=True`` and the ``aot_eager`` backend (Dynamo's capture and
 AOTAutograd). Here the generated code itself runs: forward and backward of the
 attention functions, compiled once each, against eager PyTorch. Inductor builds
-C++ on the CPU, so these tests are slow.
+C++ on the CPU in worker processes, so these tests are slow (marked ``subprocess``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import relattn
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 LQ, LK, D = 4, 7, 8
 
@@ -64,19 +64,16 @@ CALLS = {
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_inductor_equals_eager(torch_backend, name):
-    import torch._dynamo
-
     width, call = CALLS[name]
-    torch._dynamo.reset()
-    compiled = torch_backend.record.compile(call)  # torch.compile(fullgraph=True), Inductor
-    to_numpy = torch_backend.to_numpy
+    compiled = torch_backend.compile(call)  # torch.compile(fullgraph=True), Inductor
+    to_host = torch_backend.to_host
     results = []
     for fn in (call, compiled):
         inputs = _inputs(torch_backend, np.random.default_rng(7), width)
         out = fn(inputs, torch_backend.lib, torch_backend.device)
         out.pow(2).sum().backward()
-        grads = [None if t.grad is None else to_numpy(t.grad) for t in inputs.values()]
-        results.append((to_numpy(out), grads))
+        grads = [None if t.grad is None else to_host(t.grad) for t in inputs.values()]
+        results.append((to_host(out), grads))
     (eager, eager_grads), (got, got_grads) = results
     np.testing.assert_allclose(got, eager, rtol=1e-10, atol=1e-12)
     assert [g is None for g in got_grads] == [e is None for e in eager_grads]

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 import reference
 from array_api_extra.testing import lazy_xp_function
-from conftest import TOLERANCES, target_fixture
+from conftest import target_fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relattn.complex_order import complex_attention, complex_linear, complex_order_embedding
+from relattn.testing import tolerance
 
 # Lazy on Dask, traced under jax.jit on JAX, for every backend test.
 for _function in (complex_attention, complex_linear, complex_order_embedding):
@@ -197,17 +198,15 @@ def test_embedding_shift_is_a_diagonal_map(backend, dtype, seed, shift):
     moved = complex_order_embedding(*tables, backend.asarray(pos + shift, dtype))
     rotation = np.exp(1j * w * shift)  # depends on the word and n only, not on pos
     np.testing.assert_allclose(
-        backend.to_numpy(moved),
-        backend.to_numpy(at) * rotation,
-        rtol=TOLERANCES[dtype]["rtol"],
-        atol=10 * TOLERANCES[dtype]["atol"],
+        backend.to_host(moved),
+        backend.to_host(at) * rotation,
+        rtol=tolerance(dtype)["rtol"],
+        atol=10 * tolerance(dtype)["atol"],
     )
     # and the map is position-free: one word at five positions, f(pos + n) / f(pos) is the same
     one_word = [backend.asarray(a[:1], dtype) for a in (r, w, theta)]
-    at = backend.to_numpy(complex_order_embedding(*one_word, backend.asarray(pos, dtype)))
-    moved = backend.to_numpy(
-        complex_order_embedding(*one_word, backend.asarray(pos + shift, dtype))
-    )
+    at = backend.to_host(complex_order_embedding(*one_word, backend.asarray(pos, dtype)))
+    moved = backend.to_host(complex_order_embedding(*one_word, backend.asarray(pos + shift, dtype)))
     ratio = moved / at
     np.testing.assert_allclose(ratio, np.broadcast_to(ratio[:1], ratio.shape), atol=1e-4)
 
@@ -258,7 +257,7 @@ def test_complex_attention_matches_loop(backend, dtype, rng, conjugate, reductio
     )
     expected = _attention_loop(q, k, v, conjugate=conjugate, reduction=reduction, mask=mask)
     _assert_complex_close(backend, out, expected, dtype)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert np.isfinite(got.real).all() and np.isfinite(got.imag).all()
     assert (got[:, 1] == 0).all()
 
@@ -292,7 +291,7 @@ def test_complex_attention_all_masked_gives_zeros(backend, dtype, rng, conjugate
         reduction=reduction,
         mask=backend.asarray(np.zeros((3, 5), bool)),
     )
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert got.dtype == CDTYPE[dtype]
     np.testing.assert_array_equal(got, np.zeros((3, 2)))
 
@@ -310,7 +309,7 @@ def _weights(backend, dtype, r, w, theta, pos, conjugate, reduction):
     x = complex_order_embedding(*tables, backend.asarray(pos, dtype))
     eye = _cx(backend, np.eye(len(pos)), dtype)
     out = complex_attention(x, x, eye, conjugate=conjugate, reduction=reduction)
-    return backend.to_numpy(out)
+    return backend.to_host(out)
 
 
 @pytest.mark.parametrize("shift", [3.0, -2.5, 11.0])
@@ -322,7 +321,7 @@ def test_conjugated_real_scores_are_relative(backend, dtype, rng, shift):
     moved = _weights(backend, dtype, r, w, theta, POSITIONS + shift, True, "real")
     x = _embedding_loop(r, w, theta, POSITIONS)
     _assert_close_weights(p, _weights_loop(x, x, conjugate=True, reduction="real"), dtype)
-    np.testing.assert_allclose(moved, p, **TOLERANCES[dtype])
+    np.testing.assert_allclose(moved, p, **tolerance(dtype))
 
     # The authors' variant (no conjugation, modulus) sees the absolute positions.
     p = _weights(backend, dtype, r, w, theta, POSITIONS, False, "modulus")
@@ -336,7 +335,7 @@ def test_relative_property_needs_shared_frequencies(backend, dtype, rng):
     r, w, theta = (np.broadcast_to(a, (5, 4)) for a in _tables(rng, 1, 4))
     p = _weights(backend, dtype, r, w, theta, POSITIONS, True, "real")
     moved = _weights(backend, dtype, r, w, theta, POSITIONS + 5.0, True, "real")
-    np.testing.assert_allclose(moved, p, **TOLERANCES[dtype])
+    np.testing.assert_allclose(moved, p, **tolerance(dtype))
     # ... distinct words with their own frequencies pick up e^{i(ω_i - ω_j) n}: they are not.
     r, w, theta = _tables(rng, 5, 4)
     p = _weights(backend, dtype, r, w, theta, POSITIONS, True, "real")
@@ -346,7 +345,7 @@ def test_relative_property_needs_shared_frequencies(backend, dtype, rng):
 
 def _assert_close_weights(actual, expected, dtype):
     assert actual.dtype == CDTYPE[dtype]
-    np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
+    np.testing.assert_allclose(actual, expected, **tolerance(dtype))
 
 
 def test_rotary_embedding_is_the_real_special_case(backend, dtype, rng):
@@ -417,7 +416,7 @@ def test_jit_equals_eager(jit_backend, dtype, rng):
     )
     jitted = jit_backend.jit(_pipeline)
     for eager, compiled in zip(_pipeline(*args), jitted(*args), strict=True):
-        _assert_complex_close(jit_backend, compiled, jit_backend.to_numpy(eager), dtype)
+        _assert_complex_close(jit_backend, compiled, jit_backend.to_host(eager), dtype)
 
 
 def test_jax_grad_matches_central_differences(jax_backend, rng):
@@ -437,7 +436,7 @@ def test_jax_grad_matches_central_differences(jax_backend, rng):
         rel, mod = _pipeline(r, w, theta, pos, wq, wk, wv, mask)
         return jnp.sum(jnp.abs(rel) ** 2) + jnp.sum(jnp.abs(mod) ** 2)
 
-    grad = [jax_backend.to_numpy(g) for g in jax.jit(jax.grad(loss))(params)]
+    grad = [jax_backend.to_host(g) for g in jax.jit(jax.grad(loss))(params)]
     assert all(np.isfinite(g).all() for g in grad)
     direction = [rng.normal(size=p.shape) for p in params]
     h = 1e-6
@@ -712,6 +711,6 @@ def test_example_recipe_matches_reference(cpu_backend):
         for part, value in (("real", z.real), ("imag", z.imag)):
             got = results[f"{name}_{part}"]
             assert got.dtype == np.float64 and got.shape == (6, 4)
-            np.testing.assert_allclose(got, value, **TOLERANCES["float64"])
+            np.testing.assert_allclose(got, value, **tolerance("float64"))
     # the two variants give different outputs: both are really computed
     assert np.abs(expected["relative"] - expected["modulus"]).max() > 1e-2

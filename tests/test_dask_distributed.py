@@ -204,6 +204,7 @@ def cluster():
         cluster.close()
 
 
+@pytest.mark.subprocess
 def test_local_cluster_has_two_single_threaded_worker_processes(cluster):
     client = cluster.client
     workers = client.scheduler_info()["workers"]
@@ -213,6 +214,7 @@ def test_local_cluster_has_two_single_threaded_worker_processes(cluster):
     assert len(pids) == 2 and os.getpid() not in pids
 
 
+@pytest.mark.subprocess
 def test_local_cluster_matches_numpy(cluster, record_property):
     report = example().run(cluster.client, chunk=32, length=64, heads=2, d_head=8)
     graph = report.pop("graph")

@@ -108,12 +108,148 @@ def test_config_problem_names_the_flags_given():
     assert config_problem(Config(d_model=64, heads=3), ["disan"]) is None
 
 
-def test_header_names_the_schemes_with_memory():
+@pytest.mark.parametrize(
+    ("schemes", "memory"),
+    [
+        (["t5"], ""),
+        (["t5", "xl"], ", memory 3 (xl)"),
+        (["absolute", "disan"], ""),
+        (None, ", memory 3 (xl, alibi, rope)"),
+    ],
+)
+def test_header_names_the_memory_of_the_schemes_that_keep_one(schemes, memory):
     lines = []
-    demo(
-        ["numpy"], "relattn", "text", Config(segment=4, memory=3), schemes=["t5"], out=lines.append
+    config = Config(segment=4, memory=3, d_model=8, layers=1)
+    demo(["numpy"], "relattn", "text", config, schemes=schemes, out=lines.append)
+    assert lines[0] == f"relattn demo: 1-layer encoders, d_model 8, 4 heads, segment 4{memory}"
+
+
+SMALL = Config(segment=8, memory=8, d_model=8, layers=1)
+TEXT = "Now is better than never. Although never is often better than *right* now."
+
+
+def _report(**options):
+    lines = []
+    ok = demo(["numpy"], TEXT, "text", SMALL, schemes=["xl", "t5"], out=lines.append, **options)
+    rows = {line.split()[0]: line for line in lines if line.startswith(("xl ", "t5 "))}
+    return ok, lines, rows
+
+
+def test_checks_run_over_every_segment_by_default():
+    ok, lines, rows = _report()
+    assert ok
+    assert lines[2] == (
+        "checks: all 10 segments against a NumPy float64 run and the naive twin; "
+        "float32: rtol 1e-04, atol 1e-05"
     )
-    assert "segment 4, memory 3 (xl, alibi, rope)" in lines[0]
+    for row in rows.values():
+        assert re.fullmatch(r"\S+ +numpy +cpu +float32 +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.]+  ok", row)
+    assert lines[-1] == "all checks passed"
+
+
+def _count_runs(monkeypatch) -> list[int]:
+    """The number of tokens of each :func:`relattn.demo.run` call the demo makes, in order."""
+    import relattn.demo.runner as runner
+
+    lengths = []
+    real_run = runner.run
+
+    def run(encoder, tokens, *args, **options):
+        lengths.append(len(tokens))
+        return real_run(encoder, tokens, *args, **options)
+
+    monkeypatch.setattr(runner, "run", run)
+    return lengths
+
+
+def test_check_none_skips_both_checks_and_says_so(monkeypatch):
+    lengths = _count_runs(monkeypatch)
+    ok, lines, rows = _report(check="none")
+    assert ok
+    assert lines[2] == "checks: skipped (--check none): the table gives the times only"
+    for row in rows.values():
+        assert re.fullmatch(r"\S+ +numpy +cpu +float32 +skipped +skipped +[0-9.]+  skipped", row)
+    assert lines[-1] == "checks skipped (--check none)"
+    assert lengths == [8, len(TEXT)] * 2  # per scheme: warm-up, timed run; no reference, no twin
+
+
+@pytest.mark.parametrize(
+    ("check", "skipped_column"),
+    [("reference", "naive twins skipped"), ("naive", "NumPy float64 runs skipped")],
+)
+def test_check_one_of_the_two(check, skipped_column):
+    ok, lines, rows = _report(check=check)
+    assert ok
+    assert skipped_column in lines[2] and f"--check {check}" in lines[2]
+    for row in rows.values():
+        fields = row.split()
+        assert fields[4:6].count("skipped") == 1 and fields[-1] == "ok"
+        assert (fields[5] if check == "reference" else fields[4]) == "skipped"
+    assert lines[-1] == "all checks passed"
+
+
+def test_check_segments_limits_the_checks_not_the_timing(monkeypatch):
+    lengths = _count_runs(monkeypatch)
+    ok, lines, _ = _report(check_segments=3)
+    assert ok
+    assert lines[2].startswith("checks: the first 3 of 10 segments against a NumPy float64 run")
+    # per scheme: reference (3 segments), warm-up (1), timed (the whole text), naive twin (3)
+    assert lengths == [24, 8, len(TEXT), 24] * 2
+    _, lines, _ = _report(check_segments=50)
+    assert lines[2].startswith("checks: all 10 segments")
+
+
+def test_check_segments_still_fails_loudly(monkeypatch):
+    import relattn.demo
+
+    monkeypatch.setitem(relattn.demo.TOLERANCES, "float32", (0.0, 0.0))
+    ok, lines, rows = _report(check_segments=1)
+    assert not ok
+    assert "FAIL" in rows["xl"] and lines[-1] == "SOME CHECKS FAILED"
+
+
+@pytest.mark.parametrize(("option", "value"), [("check", "some"), ("check_segments", 0)])
+def test_demo_rejects_bad_check_options(option, value):
+    with pytest.raises(ValueError, match=rf"^{option} must be"):
+        demo(["numpy"], TEXT, "text", SMALL, out=lambda *a: None, **{option: value})
+
+
+def test_progress_bars_go_to_stderr_and_name_each_run(capsys):
+    assert demo(["numpy"], TEXT, "text", SMALL, schemes=["xl"], progress=True)
+    captured = capsys.readouterr()
+    for run in (
+        "numpy: float64 reference",
+        "numpy: warm-up",
+        "numpy: relattn",
+        "numpy: naive twin",
+    ):
+        assert f"xl on {run}: " in captured.err, run
+        assert run not in captured.out
+    assert "/10 [" in captured.err and "segment/s" in captured.err  # 10 segments per run
+    assert "all checks passed" in captured.out and "all checks passed" not in captured.err
+
+
+def test_no_progress_bars_unless_asked(capsys):
+    assert demo(["numpy"], TEXT, "text", SMALL, schemes=["t5"])
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_draws_bars_only_on_a_terminal(monkeypatch, capsys):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    small = ["--scheme", "t5", "--segment", "8", "--d-model", "8", "--layers", "1"]
+    assert main(["demo", *small]) == 0  # capsys: not a terminal
+    assert capsys.readouterr().err == ""
+    for flags, drawn in (([], True), (["--no-progress"], False)):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(["demo", *small, *flags]) == 0
+        assert ("t5 on numpy: relattn" in terminal.getvalue()) is drawn, flags
+        assert "t5 on numpy" not in capsys.readouterr().out
 
 
 def test_twins_transcribe_the_papers_code():
@@ -148,10 +284,10 @@ def _positions_from_zero(x, positions, **options):
     return relattn.rotary_position_embedding(x, **options)
 
 
-def _swapped_tables(q, k, v, key_table, query_table, **options):
+def _swapped_tables(q, k, v, position_table, query_position_table, **options):
     import relattn
 
-    return relattn.disentangled_attention(q, k, v, query_table, key_table, **options)
+    return relattn.disentangled_attention(q, k, v, query_position_table, position_table, **options)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ TIMEOUT = 900
 TOLERANCE = 1e-10
 DEVICE_COUNTS = (2, 4, 8)
 #: The tests that read a worker's report wait for it: about two minutes.
-slow = pytest.mark.slow
+worker = pytest.mark.subprocess
 
 #: The ring cases of the worker (``ring_cases``), each the same attention on one device.
 RING_CASES = (
@@ -194,19 +194,19 @@ def _no_collective(found: dict[str, int]) -> None:
 # -------------------------------------------------------------------------------------------
 
 
-@slow
+@worker
 def test_worker_has_eight_float64_devices(ring, sharded):
     assert ring["devices"] == sharded["devices"] == 8
     assert ring["x64"]
 
 
-@slow
+@worker
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_every_ring_case_ran(ring, n):
     assert sorted(ring["cases"][str(n)]) == sorted(RING_CASES)
 
 
-@slow
+@worker
 @pytest.mark.parametrize("case", RING_CASES)
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_ring_equals_one_device(ring, n, case):
@@ -214,14 +214,14 @@ def test_ring_equals_one_device(ring, n, case):
     assert result["forward"] <= TOLERANCE * max(1.0, result["scale"]), result
 
 
-@slow
+@worker
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_ring_fully_masked_row_is_zero(ring, n):
     # Row 3 of the mask has no key: zero on its device, never NaN (SPEC §1).
     assert _ok(ring["cases"][str(n)]["xlnet[full,t5,value_table,masked_rows]"])["masked_row"] == 0
 
 
-@slow
+@worker
 @pytest.mark.parametrize(
     ("n", "case"),
     [(n, case) for case, (counts, _) in RING_GRADIENTS.items() for n in counts],
@@ -244,7 +244,7 @@ def _pairs(hlo: str) -> frozenset[tuple[int, int]]:
     return frozenset((int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", hlo))
 
 
-@slow
+@worker
 @pytest.mark.parametrize("case", RING_CASES)
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_ring_hlo_passes_blocks_round_the_ring(ring, n, case):
@@ -263,7 +263,7 @@ def test_ring_hlo_passes_blocks_round_the_ring(ring, n, case):
         assert found["all-reduce"] == 0, found  # the cotangents of replicated tables only
 
 
-@slow
+@worker
 @pytest.mark.parametrize(
     "case",
     [
@@ -296,7 +296,7 @@ RING_ERRORS = {
 }
 
 
-@slow
+@worker
 @pytest.mark.parametrize("case", RING_ERRORS)
 def test_ring_errors(ring, case):
     kind, pattern = RING_ERRORS[case]
@@ -310,7 +310,7 @@ def test_ring_errors(ring, case):
 # -------------------------------------------------------------------------------------------
 # Batch and head parallelism: the caller's sharding
 # -------------------------------------------------------------------------------------------
-@slow
+@worker
 @pytest.mark.parametrize("function", ATTENTION + BLOCKWISE)
 @pytest.mark.parametrize("axis", ["batch", "heads"])
 def test_sharded_jit_adds_no_collective(sharded, axis, function):
@@ -323,7 +323,7 @@ def test_sharded_jit_adds_no_collective(sharded, axis, function):
     assert result["shard_shape"] == expected
 
 
-@slow
+@worker
 @pytest.mark.parametrize(
     "function",
     [*ATTENTION, *BLOCKWISE, AUTOMATIC_BLOCKWISE],
@@ -334,7 +334,7 @@ def test_shard_map_over_the_batch(sharded, function):
     _no_collective(result["collectives"])
 
 
-@slow
+@worker
 @pytest.mark.parametrize(
     "function",
     ATTENTION

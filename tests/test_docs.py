@@ -10,7 +10,11 @@ these checks read the sources only:
 - the intersphinx inventories of ``docs/intersphinx/`` write ``$`` (the
   object's name) only at the end of an address, where Sphinx expands it;
 - the example at the top of the front page runs, and the install section of
-  ``getting_started.md`` names every install requirement;
+  ``getting_started.md`` names every install requirement and tells CPU-only
+  Linux users to install torch from the PyTorch CPU index first;
+- every ``python`` block of the guide runs on NumPy, PyTorch and JAX arrays
+  (given the arrays its page describes) and returns arrays of the same library;
+- ``names.md`` is in the toctree and lists every attention function;
 - no page cites internal notes a reader cannot open.
 
 One check reads the built site, ``docs/_build/html``, and is skipped when there is
@@ -26,6 +30,8 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import array_api_compat
+import numpy as np
 import pytest
 
 import relattn
@@ -184,6 +190,148 @@ def test_getting_started_names_every_install_requirement():
     assert "array-api-extra" in requirements
     missing = [req for req in requirements if req.lower() not in install]
     assert not missing, f"getting_started.md's Install section does not name {missing}"
+
+
+def test_getting_started_tells_cpu_linux_users_where_torch_comes_from():
+    """The constraints file pins torch's version, not its build (PyPI's Linux wheel is CUDA's)."""
+    text = (DOCS / "getting_started.md").read_text(encoding="utf-8")
+    install = " ".join(
+        text[text.index("## Install") : text.index("\n## ", text.index("## Install") + 1)].split()
+    )
+    assert "https://download.pytorch.org/whl/cpu" in install
+    assert "pulls the CUDA build" not in install and "pins the CPU build" not in install
+    assert "version only" in install
+
+
+# ----------------------------------------------------------------------------------------
+# the guide's code runs on every library
+# ----------------------------------------------------------------------------------------
+
+#: NumPy arrays each guide page's ``python`` block is written for, as its text names them.
+GUIDE_INPUTS = {
+    "alibi": """
+B, H, Lq, Lk, d = 2, 4, 3, 7, 8  # 3 new queries after a cache of 4
+q = rng.normal(size=(B, H, Lq, d))
+k, v = rng.normal(size=(2, B, H, Lk, d))
+""",
+    "conformer_xlnet": """
+Lq, Lk, d_model = 5, 9, 16
+w_r = rng.normal(size=(d_model, d_model))
+""",
+    "deberta": """
+B, H, L, d, max_position = 2, 2, 12, 4, 16
+P = rng.normal(size=(8, H * d))  # 2k rows, k = 4
+W_k, W_q = rng.normal(size=(2, H * d, H * d))
+b_k, b_q = rng.normal(size=(2, H * d))
+q, k, v = rng.normal(size=(3, B, H, L, d))
+mask = np.arange(L) < np.array([L, L - 3])[:, None, None, None]  # padding: (B, 1, 1, L)
+""",
+    "relative_sinusoid": """
+Lq, Lk, d = 4, 6, 8
+""",
+    "rope": """
+B, H, offset, Lq, d = 2, 2, 5, 3, 8
+q, k = rng.normal(size=(2, B, H, Lq, d))
+cached_k = rng.normal(size=(B, H, offset, d))
+v = rng.normal(size=(B, H, offset + Lq, d))
+""",
+    "t5": """
+B, H, Lq, Lk, is_encoder = 2, 4, 3, 7, False  # a decoder with a cache of 4
+table = rng.normal(size=(32, H))
+q = rng.normal(size=(B, H, Lq, 8))
+k, v = rng.normal(size=(2, B, H, Lk, 8))
+""",
+    "tener": """
+B, H, L, d_head = 2, 2, 6, 8
+q, k, v = rng.normal(size=(3, B, H, L, d_head))
+u, w = rng.normal(size=(2, H, 1, d_head))
+""",
+    "tener_released": """
+B, H, L, d_head, s = 2, 2, 6, 8, 1.0
+q, k, v = rng.normal(size=(3, B, H, L, d_head))
+u, v_bias = rng.normal(size=(2, H, d_head))
+mask = np.arange(L) < np.array([L, L - 2])[:, None, None, None]
+""",
+}
+#: Guide pages whose ``python`` block is shown, not run here, and why.
+GUIDE_NOT_RUN = {"devices": "a torch.distributed process group over CUDA devices"}
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def test_every_guide_snippet_has_its_inputs():
+    pages = {page.stem for page in (DOCS / "guide").glob("*.md") if _python_blocks(page)}
+    assert pages == set(GUIDE_INPUTS) | set(GUIDE_NOT_RUN)
+
+
+def _library_arrays(library: str):
+    """``to(a)``: a NumPy array as an array of ``library``; skips where it is not installed."""
+    if library == "numpy":
+        return lambda a: a
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        return torch.asarray
+    jnp = pytest.importorskip("jax.numpy")
+    return jnp.asarray
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("page", sorted(GUIDE_INPUTS))
+def test_guide_snippets_run_on_every_library(page, library):
+    """Each block runs as written: ``xp`` is the namespace of its inputs, never assumed."""
+    to = _library_arrays(library)
+    namespace: dict = {"rng": np.random.default_rng(0), "np": np}
+    exec(GUIDE_INPUTS[page], namespace)
+    inputs = {n: to(a) for n, a in namespace.items() if isinstance(a, np.ndarray)}
+    namespace = {**namespace, **inputs, "relattn": relattn}
+    del namespace["rng"], namespace["np"]
+    (block,) = _python_blocks(DOCS / "guide" / f"{page}.md")
+    exec(compile(block, f"docs/guide/{page}.md", "exec"), namespace)
+    results = {n: a for n, a in namespace.items() if array_api_compat.is_array_api_obj(a)}
+    expected = {type(a) for a in inputs.values()} or {np.ndarray}
+    assert {n: type(a) for n, a in results.items() if type(a) not in expected} == {}
+    if "out" in results:
+        assert results["out"].shape == (*inputs["q"].shape[:-1], inputs["v"].shape[-1])
+
+
+# ----------------------------------------------------------------------------------------
+# the names table
+# ----------------------------------------------------------------------------------------
+
+ATTENTION_FUNCTIONS = (
+    "scaled_dot_product_attention",
+    "relative_attention",
+    "shaw_attention",
+    "disentangled_attention",
+    "attention_block",
+    "ring_attention",
+)
+
+#: The names ``names.md`` must give, one per concept.
+NAMES = (
+    "position_table",
+    "query_position_table",
+    "value_table",
+    "key_embeddings",
+    "value_embeddings",
+    "relative_bias",
+    "relative_bias_matrix",
+    "content_bias",
+    "position_bias",
+)
+
+
+def test_names_page_is_linked_and_covers_every_attention_function():
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    toctree = index[index.index("```{toctree}") :]
+    assert "\nnames\n" in toctree
+    names = (DOCS / "names.md").read_text(encoding="utf-8")
+    for function in ATTENTION_FUNCTIONS:
+        assert re.search(rf"`(relattn\.)?{function}`", names), function
+    for name in NAMES:
+        assert f"`{name}`" in names, name
 
 
 def test_pages_cite_no_internal_notes():

@@ -25,6 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.subprocess
+
 WORKER = Path(__file__).with_name("_dtensor_worker.py")
 LAYERS = ("transformer_xl", "full_layout", "t5_bias", "alibi_causal", "causal_flag")
 PLACEMENTS = ("S(0)", "S(1)", "R")

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import reference
 from array_api_extra.testing import lazy_xp_function
-from conftest import TOLERANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relattn import sinusoidal_position_encoding
+from relattn.testing import tolerance
 
 # Lazy on Dask, traced under jax.jit on JAX, for every backend test.
 lazy_xp_function(sinusoidal_position_encoding)
@@ -47,7 +47,7 @@ def _default_float(backend):
 
 
 def _check_placement(backend, out):
-    assert backend.array_module_of(out), f"{backend.name} returned a {type(out)}"
+    assert backend.is_array(out), f"{backend.name} returned a {type(out)}"
     if backend.device is not None:
         assert array_api_compat.device(out) == backend.device
 
@@ -152,17 +152,17 @@ def test_numpy_by_default():
 
 def test_layouts_are_a_column_permutation(backend, dtype):
     positions = backend.asarray(REAL_POSITIONS, dtype)
-    inter = backend.to_numpy(sinusoidal_position_encoding(positions, 10, layout="interleaved"))
-    concat = backend.to_numpy(sinusoidal_position_encoding(positions, 10, layout="concatenated"))
+    inter = backend.to_host(sinusoidal_position_encoding(positions, 10, layout="interleaved"))
+    concat = backend.to_host(sinusoidal_position_encoding(positions, 10, layout="concatenated"))
     np.testing.assert_array_equal(concat[:, :5], inter[:, 0::2])
     np.testing.assert_array_equal(concat[:, 5:], inter[:, 1::2])
 
 
 def test_positions_not_mutated(backend, dtype):
     positions = backend.asarray(REAL_POSITIONS, dtype)
-    before = np.array(backend.to_numpy(positions), copy=True)
-    backend.to_numpy(sinusoidal_position_encoding(positions, 8, layout="concatenated"))
-    np.testing.assert_array_equal(backend.to_numpy(positions), before)
+    before = np.array(backend.to_host(positions), copy=True)
+    backend.to_host(sinusoidal_position_encoding(positions, 8, layout="concatenated"))
+    np.testing.assert_array_equal(backend.to_host(positions), before)
 
 
 # -- SPEC §2.3 property 1: PE(p + k) = M_k PE(p) ----------------------------------------
@@ -193,21 +193,21 @@ def test_offset_is_a_rotation(backend, dtype, layout):
     @given(start=_quarter(-500, 500), k=_quarter(-300, 300))
     def check(start, k):
         p_np = start + 0.75 * np.arange(64)
-        pe_k = backend.to_numpy(
+        pe_k = backend.to_host(
             sinusoidal_position_encoding(
                 backend.asarray(np.array([k]), dtype), d_model, layout=layout
             )
         )[0].astype(np.float64)
         m_k = _rotation_from(pe_k, layout)
         # Each 2×2 block is a rotation: M_k M_kᵀ = I.
-        np.testing.assert_allclose(m_k @ m_k.T, np.eye(d_model), **TOLERANCES[dtype])
+        np.testing.assert_allclose(m_k @ m_k.T, np.eye(d_model), **tolerance(dtype))
 
         pe_p = sinusoidal_position_encoding(backend.asarray(p_np, dtype), d_model, layout=layout)
         pe_pk = sinusoidal_position_encoding(
             backend.asarray(p_np + k, dtype), d_model, layout=layout
         )
         rotated = xp.matmul(pe_p, xp.matrix_transpose(backend.asarray(m_k, dtype)))
-        backend.assert_close(rotated, backend.to_numpy(pe_pk), dtype)
+        backend.assert_close(rotated, backend.to_host(pe_pk), dtype)
         # And against the float64 loop reference of PE(p + k).
         backend.assert_close(rotated, reference.sinusoid(p_np + k, d_model, layout=layout), dtype)
 
@@ -246,7 +246,7 @@ def test_dot_product_depends_on_offset_only(backend, dtype, layout):
 
         # With a random W in between, the score changes with p: no longer relative.
         w = np.random.default_rng(seed).normal(size=(d_model, d_model))
-        a, b = backend.to_numpy(pe_pk).astype(np.float64), backend.to_numpy(pe_p).astype(np.float64)
+        a, b = backend.to_host(pe_pk).astype(np.float64), backend.to_host(pe_p).astype(np.float64)
         bilinear = np.einsum("pi,ij,pj->p", a, w, b)
         plain = np.einsum("pi,pi->p", a, b)
         assert np.ptp(plain) < 1e-3

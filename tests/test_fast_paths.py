@@ -21,13 +21,13 @@ import math
 
 import numpy as np
 import pytest
-from conftest import TOLERANCES
 
 import relattn
 import relattn.core
 from relattn.backends import backend_for
 from relattn.core import attend, attend_generic
 from relattn.shift import shift
+from relattn.testing import tolerance
 
 SHAPES = [(1, 1), (1, 6), (3, 3), (3, 7), (6, 3), (5, 5), (8, 13)]
 
@@ -37,9 +37,9 @@ def test_shift_filled_with_minus_inf_is_the_masked_shift(backend, lq, lk, rng):
     """``fill=-inf`` (relative_attention's causal bias) against the zero-filled shift."""
     x = rng.normal(size=(2, 3, lq, lk))
     xp = backend.xp
-    filled = backend.to_numpy(shift(backend.asarray(x), lk, xp, fill=-math.inf))
-    plain = backend.to_numpy(shift(backend.asarray(x), lk, xp))
-    keep = backend.to_numpy(relattn.causal_mask(lq, lk, xp=backend.lib, device=backend.device))
+    filled = backend.to_host(shift(backend.asarray(x), lk, xp, fill=-math.inf))
+    plain = backend.to_host(shift(backend.asarray(x), lk, xp))
+    keep = backend.to_host(relattn.causal_mask(lq, lk, xp=backend.lib, device=backend.device))
     assert filled.shape == plain.shape == (2, 3, lq, lk)
     np.testing.assert_array_equal(filled, np.where(keep, plain, -np.inf))
 
@@ -49,7 +49,7 @@ def test_fill_does_not_touch_the_full_layout(backend, lq, lk, rng):
     x = backend.asarray(rng.normal(size=(2, lq, lq + lk - 1)))
     xp = backend.xp
     np.testing.assert_array_equal(
-        backend.to_numpy(shift(x, lk, xp, fill=-math.inf)), backend.to_numpy(shift(x, lk, xp))
+        backend.to_host(shift(x, lk, xp, fill=-math.inf)), backend.to_host(shift(x, lk, xp))
     )
 
 
@@ -95,15 +95,14 @@ def _to_backend(backend, dtype, arrays):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("fdtype", ["float16", "bfloat16", "float32", "float64"])
 def test_attend_fused_equals_generic(fused_backend, fdtype, case, rng):
-    fused_backend.dtype(fdtype)
     q, k, v, bias, mask = _to_backend(fused_backend, fdtype, _attention_inputs(rng, case))
     fast = attend(q, k, v, bias, mask, 0.4, fused_backend.xp)
     plain = attend_generic(q, k, v, bias, mask, 0.4, fused_backend.xp)
     assert fast.dtype == plain.dtype
     assert fast.shape == plain.shape
-    assert fused_backend.array_module_of(fast)
-    got, want = fused_backend.to_numpy(fast), fused_backend.to_numpy(plain)
-    np.testing.assert_allclose(got, want, **TOLERANCES[fdtype])
+    assert fused_backend.is_array(fast)
+    got, want = fused_backend.to_host(fast), fused_backend.to_host(plain)
+    np.testing.assert_allclose(got, want, **tolerance(fdtype))
     if mask is not None:
         assert not np.isnan(got).any()
         np.testing.assert_array_equal(got[0, :, 1], 0)
@@ -118,7 +117,7 @@ def test_attend_fused_gradients_equal_generic(torch_backend, case, rng):
         leaves.append(arrays[4])  # the boolean mask
         out = fn(*leaves, 0.4, torch_backend.xp)
         out.pow(2).sum().backward()
-        grads.append([None if a is None else torch_backend.to_numpy(a.grad) for a in leaves[:4]])
+        grads.append([None if a is None else torch_backend.to_host(a.grad) for a in leaves[:4]])
     for fast, plain in zip(*grads, strict=True):
         if plain is not None:
             np.testing.assert_allclose(fast, plain, rtol=1e-10, atol=1e-12)
@@ -136,7 +135,7 @@ def test_jax_dot_product_attention_adapter_equals_generic(jax_backend, case, rng
         assert fast is None  # JAX wants one batch size: relattn's generic path runs
         return
     plain = attend_generic(q, k, v, bias, mask, 0.4, jax_backend.xp)
-    jax_backend.assert_close(fast, jax_backend.to_numpy(plain), "float32")
+    jax_backend.assert_close(fast, jax_backend.to_host(plain), "float32")
 
 
 def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(jax_backend, rng):
@@ -188,10 +187,10 @@ def _relative_call(backend, rng, layout, with_mask):
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_relative_attention_fast_equals_generic(fused_backend, layout, with_mask, rng, request):
     call = _relative_call(fused_backend, rng, layout, with_mask)
-    fast = fused_backend.to_numpy(call())
+    fast = fused_backend.to_host(call())
     request.getfixturevalue("generic_only")
-    plain = fused_backend.to_numpy(call())
-    np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
+    plain = fused_backend.to_host(call())
+    np.testing.assert_allclose(fast, plain, **tolerance("float64"))
 
 
 def test_scaled_dot_product_attention_fast_equals_generic(fused_backend, rng, request):
@@ -200,19 +199,19 @@ def test_scaled_dot_product_attention_fast_equals_generic(fused_backend, rng, re
     def call():
         return relattn.scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
 
-    fast = fused_backend.to_numpy(call())
+    fast = fused_backend.to_host(call())
     request.getfixturevalue("generic_only")
-    plain = fused_backend.to_numpy(call())
-    np.testing.assert_allclose(fast, plain, **TOLERANCES["float64"])
+    plain = fused_backend.to_host(call())
+    np.testing.assert_allclose(fast, plain, **tolerance("float64"))
     np.testing.assert_array_equal(fast[0, :, 1], 0)
 
 
 def test_scale_multiplies_queries_like_scores(backend, rng):
     """The generic path scales q before the product: the same as scaling the scores."""
     q, k, v, bias, mask = _to_backend(backend, "float64", _attention_inputs(rng, "bias"))
-    got = backend.to_numpy(attend_generic(q, k, v, bias, mask, 0.25, backend.xp))
-    qn, kn, vn = (backend.to_numpy(a) for a in (q, k, v))
-    scores = qn @ np.swapaxes(kn, -1, -2) * 0.25 + backend.to_numpy(bias)
+    got = backend.to_host(attend_generic(q, k, v, bias, mask, 0.25, backend.xp))
+    qn, kn, vn = (backend.to_host(a) for a in (q, k, v))
+    scores = qn @ np.swapaxes(kn, -1, -2) * 0.25 + backend.to_host(bias)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     want = weights / weights.sum(-1, keepdims=True) @ vn
-    np.testing.assert_allclose(got, want, **TOLERANCES["float64"])
+    np.testing.assert_allclose(got, want, **tolerance("float64"))

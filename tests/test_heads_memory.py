@@ -59,11 +59,11 @@ def test_split_heads(backend, dtype, rng, lead, heads):
     x = rng.normal(size=(*lead, 3, 8))
     out = relattn.split_heads(backend.asarray(x, dtype), heads)
     assert tuple(out.shape) == (*lead, heads, 3, 8 // heads)
-    assert backend.to_numpy(out).dtype == np.dtype(dtype)
+    assert backend.to_host(out).dtype == np.dtype(dtype)
     expected = _split_loop(x, heads)
     backend.assert_close(out, expected, dtype)
     # head h is the h-th slice of width d_head of the feature axis
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     dh = 8 // heads
     for h in range(heads):
         np.testing.assert_array_equal(
@@ -87,18 +87,18 @@ def test_split_merge_round_trip(backend, dtype, rng, lead):
         there = relattn.split_heads(backend.asarray(x, dtype), heads)
         back = relattn.merge_heads(there)
         assert tuple(back.shape) == x.shape
-        np.testing.assert_array_equal(backend.to_numpy(back), x.astype(dtype))
+        np.testing.assert_array_equal(backend.to_host(back), x.astype(dtype))
     y = rng.normal(size=(*lead, 3, 4, 2))
     again = relattn.split_heads(relattn.merge_heads(backend.asarray(y, dtype)), 3)
-    np.testing.assert_array_equal(backend.to_numpy(again), y.astype(dtype))
+    np.testing.assert_array_equal(backend.to_host(again), y.astype(dtype))
 
 
 def test_split_heads_integer_dtype(backend):
     # any dtype: positions or ids split like features
     x = np.arange(2 * 3 * 6).reshape(2, 3, 6)
     out = relattn.split_heads(backend.asarray(x, "int64"), 3)
-    assert backend.array_module_of(out)
-    got = backend.to_numpy(out)
+    assert backend.is_array(out)
+    got = backend.to_host(out)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, _split_loop(x, 3))
 
@@ -148,7 +148,7 @@ def test_update_memory_keeps_last_positions_oldest_first(backend, dtype):
     mem = backend.asarray(memory, dtype)
     hid = backend.asarray(hidden, dtype)
     for m, rows in [(0, []), (1, [4]), (2, [3, 4]), (3, [2, 3, 4]), (5, [0, 1, 2, 3, 4])]:
-        got = backend.to_numpy(relattn.update_memory(mem, hid, m))
+        got = backend.to_host(relattn.update_memory(mem, hid, m))
         np.testing.assert_array_equal(got[:, 0], rows)
         np.testing.assert_array_equal(got[:, 1], rows)
 
@@ -160,7 +160,7 @@ def test_update_memory_none(backend, dtype, rng):
     backend.assert_close(relattn.update_memory(None, hid, 4), hidden, dtype)
     backend.assert_close(relattn.update_memory(None, hid, 10), hidden, dtype)  # M > available
     empty = relattn.update_memory(None, hid, 0)
-    assert backend.array_module_of(empty)
+    assert backend.is_array(empty)
     assert tuple(empty.shape) == (2, 0, 3)
 
 
@@ -175,7 +175,7 @@ def test_update_memory_zero_length(backend, dtype, rng):
     memory = rng.normal(size=(2, 3, 4))
     hidden = rng.normal(size=(2, 2, 4))
     out = relattn.update_memory(backend.asarray(memory, dtype), backend.asarray(hidden, dtype), 0)
-    assert backend.array_module_of(out)
+    assert backend.is_array(out)
     assert tuple(out.shape) == (2, 0, 4)
 
 
@@ -206,7 +206,7 @@ def test_update_memory_promotes_dtype(backend, rng):
     out = relattn.update_memory(
         backend.asarray(memory, "float32"), backend.asarray(hidden, "float64"), 3
     )
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got[0], memory[1].astype(np.float32), rtol=0, atol=0)
     np.testing.assert_allclose(got[1:], hidden, rtol=0, atol=0)
@@ -219,40 +219,40 @@ def test_stop_gradient_values(backend, dtype, rng):
     x = rng.normal(size=(2, 3))
     arr = backend.asarray(x, dtype)
     out = relattn.stop_gradient(arr)
-    assert backend.array_module_of(out)
+    assert backend.is_array(out)
     assert tuple(out.shape) == (2, 3)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, x.astype(dtype))
 
 
 def test_stop_gradient_torch(torch_backend, dtype, rng):
-    to_numpy = torch_backend.to_numpy
+    to_host = torch_backend.to_host
     x = torch_backend.asarray(rng.normal(size=(3, 2)), dtype).requires_grad_(True)
     sg = relattn.stop_gradient(x)
     assert not sg.requires_grad
     # d/dx sum(x * SG(x)) = SG(x) = x, not 2x
     (x * relattn.stop_gradient(x)).sum().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), to_numpy(x))
+    np.testing.assert_array_equal(to_host(x.grad), to_host(x))
     # without stop_gradient the gradient would be 2x
     x.grad = None
     (x * x).sum().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), 2 * to_numpy(x))
+    np.testing.assert_array_equal(to_host(x.grad), 2 * to_host(x))
 
 
 def test_stop_gradient_jax(jax_backend, dtype, rng):
     import jax
 
-    to_numpy = jax_backend.to_numpy
+    to_host = jax_backend.to_host
     x = jax_backend.asarray(rng.normal(size=(3, 2)), dtype)
     grad = jax.grad(lambda a: (a * relattn.stop_gradient(a)).sum())(x)
-    np.testing.assert_array_equal(to_numpy(grad), to_numpy(x))
+    np.testing.assert_array_equal(to_host(grad), to_host(x))
     plain = jax.grad(lambda a: (a * a).sum())(x)
-    np.testing.assert_array_equal(to_numpy(plain), 2 * to_numpy(x))
+    np.testing.assert_array_equal(to_host(plain), 2 * to_host(x))
 
 
 def test_update_memory_cut_from_gradient_torch(torch_backend, dtype, rng):
-    to_numpy = torch_backend.to_numpy
+    to_host = torch_backend.to_host
     memory = torch_backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
     hidden = torch_backend.asarray(rng.normal(size=(2, 3)), dtype).requires_grad_(True)
     new = relattn.update_memory(memory, hidden, 4)  # keeps all of concat(memory, hidden)
@@ -260,8 +260,8 @@ def test_update_memory_cut_from_gradient_torch(torch_backend, dtype, rng):
     loss = (new[:2] * memory).sum() + (new[2:] * hidden).sum()
     loss.backward()
     # only the direct factor contributes: grad = the other factor's values = the inputs
-    np.testing.assert_array_equal(to_numpy(memory.grad), to_numpy(memory))
-    np.testing.assert_array_equal(to_numpy(hidden.grad), to_numpy(hidden))
+    np.testing.assert_array_equal(to_host(memory.grad), to_host(memory))
+    np.testing.assert_array_equal(to_host(hidden.grad), to_host(hidden))
     # None memory: the result is hidden, detached
     h2 = relattn.update_memory(None, hidden, 1)
     assert not h2.requires_grad
@@ -270,7 +270,7 @@ def test_update_memory_cut_from_gradient_torch(torch_backend, dtype, rng):
 def test_update_memory_cut_from_gradient_jax(jax_backend, dtype, rng):
     import jax
 
-    to_numpy = jax_backend.to_numpy
+    to_host = jax_backend.to_host
     memory = jax_backend.asarray(rng.normal(size=(2, 3)), dtype)
     hidden = jax_backend.asarray(rng.normal(size=(2, 3)), dtype)
 
@@ -279,8 +279,8 @@ def test_update_memory_cut_from_gradient_jax(jax_backend, dtype, rng):
         return (new[:2] * m).sum() + (new[2:] * h).sum()
 
     gm, gh = jax.grad(loss, argnums=(0, 1))(memory, hidden)
-    np.testing.assert_array_equal(to_numpy(gm), to_numpy(memory))
-    np.testing.assert_array_equal(to_numpy(gh), to_numpy(hidden))
+    np.testing.assert_array_equal(to_host(gm), to_host(memory))
+    np.testing.assert_array_equal(to_host(gh), to_host(hidden))
     # with M cutting into the segment, the discarded memory gets no gradient through the cache
     g_only = jax.grad(lambda m: relattn.update_memory(m, hidden, 3).sum())(memory)
-    np.testing.assert_array_equal(to_numpy(g_only), np.zeros((2, 3)))
+    np.testing.assert_array_equal(to_host(g_only), np.zeros((2, 3)))

@@ -36,11 +36,11 @@ def _device_of_backend(backend):
 def _check_mask(backend, mask, expected):
     """``mask`` is a bool array of the backend, on its device, equal to ``expected``."""
     expected = np.asarray(expected, dtype=bool)
-    assert backend.array_module_of(mask), f"{backend.name} returned a {type(mask)}"
+    assert backend.is_array(mask), f"{backend.name} returned a {type(mask)}"
     assert mask.dtype == backend.xp.bool, mask.dtype
     assert tuple(mask.shape) == expected.shape
     assert array_api_compat.device(mask) == _device_of_backend(backend)
-    got = backend.to_numpy(mask)
+    got = backend.to_host(mask)
     assert got.dtype == np.bool_
     np.testing.assert_array_equal(got, expected)
 
@@ -75,7 +75,7 @@ def test_causal_mask(backend, xp_arg, lq, lk):
 def test_causal_mask_memory_columns_always_visible(backend):
     # Transformer-XL: M = 3 memory slots before a segment of 2: j <= i + M.
     lq, mem = 2, 3
-    m = backend.to_numpy(relattn.causal_mask(lq, lq + mem, xp=backend.lib, device=backend.device))
+    m = backend.to_host(relattn.causal_mask(lq, lq + mem, xp=backend.lib, device=backend.device))
     assert m[:, :mem].all()
     np.testing.assert_array_equal(m[:, mem:], np.tril(np.ones((lq, lq), bool)))
     np.testing.assert_array_equal(m.sum(axis=1), [mem + 1, mem + 2])
@@ -158,9 +158,9 @@ def test_disan_masks(backend, xp_arg, kind, length):
 
 def test_disan_masks_relations(backend):
     lib, dev = backend.lib, backend.device
-    fw = backend.to_numpy(relattn.forward_mask(5, xp=lib, device=dev))
-    bw = backend.to_numpy(relattn.backward_mask(5, xp=lib, device=dev))
-    dd = backend.to_numpy(relattn.diagonal_disabled_mask(5, xp=lib, device=dev))
+    fw = backend.to_host(relattn.forward_mask(5, xp=lib, device=dev))
+    bw = backend.to_host(relattn.backward_mask(5, xp=lib, device=dev))
+    dd = backend.to_host(relattn.diagonal_disabled_mask(5, xp=lib, device=dev))
     np.testing.assert_array_equal(fw.T, bw)
     np.testing.assert_array_equal(fw | bw, dd)
     assert not (fw & bw).any()
@@ -172,9 +172,9 @@ def test_disan_masks_relations(backend):
 def test_disan_sentence(backend):
     tokens = ["I", "come", "from", "China", "!"]
     lib, dev = backend.lib, backend.device
-    fw = backend.to_numpy(relattn.forward_mask(len(tokens), xp=lib, device=dev))
-    bw = backend.to_numpy(relattn.backward_mask(len(tokens), xp=lib, device=dev))
-    dd = backend.to_numpy(relattn.diagonal_disabled_mask(len(tokens), xp=lib, device=dev))
+    fw = backend.to_host(relattn.forward_mask(len(tokens), xp=lib, device=dev))
+    bw = backend.to_host(relattn.backward_mask(len(tokens), xp=lib, device=dev))
+    dd = backend.to_host(relattn.diagonal_disabled_mask(len(tokens), xp=lib, device=dev))
     china = tokens.index("China")
 
     def seen(row):
@@ -222,7 +222,7 @@ def test_padding_mask(backend, lengths, max_length, int_dtype):
 def test_padding_mask_as_key_mask(backend):
     # (B, L) -> (B, 1, 1, L) broadcasts against scores (B, H, Lq, Lk)
     lens = backend.asarray(np.array([1, 3]), "int64")
-    m = backend.to_numpy(relattn.padding_mask(lens, 3))[:, None, None, :]
+    m = backend.to_host(relattn.padding_mask(lens, 3))[:, None, None, :]
     scores_like = np.broadcast_to(m, (2, 2, 4, 3))
     assert scores_like[0, 1, 3].tolist() == [True, False, False]
     assert scores_like[1, 0, 0].tolist() == [True, True, True]

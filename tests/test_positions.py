@@ -56,7 +56,7 @@ def _default_integer(backend):
 
 
 def _check_backend_array(backend, out):
-    assert backend.array_module_of(out), f"{backend.name} returned a {type(out)}"
+    assert backend.is_array(out), f"{backend.name} returned a {type(out)}"
 
 
 # -- naive references ---------------------------------------------------------
@@ -126,7 +126,7 @@ def test_relative_distances(backend, lq, lk, causal):
     assert out.dtype == _default_integer(backend)
     width = lk if causal else lq + lk - 1
     assert tuple(out.shape) == (width,)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     # Column m holds δ = m - (Lk - 1), ascending by one.
     np.testing.assert_array_equal(got, np.arange(width) - (lk - 1))
     # The columns are exactly the distances some (i, j) pair has (only δ <= 0 when causal).
@@ -153,7 +153,7 @@ def test_relative_positions(backend, lq, lk):
     assert out.dtype == _default_integer(backend)
     assert tuple(out.shape) == (lq, lk)
     expected = np.array([[reference.delta(i, j, lq, lk) for j in range(lk)] for i in range(lq)])
-    np.testing.assert_array_equal(backend.to_numpy(out), expected)
+    np.testing.assert_array_equal(backend.to_host(out), expected)
 
 
 def test_relative_positions_example():
@@ -170,8 +170,8 @@ def test_positions_are_shifted_distances(backend, lq, lk):
     for causal in (False, True):
         dist = relative_distances(lq, lk, causal=causal, xp=backend.lib, device=backend.device)
         rows = xp.broadcast_to(dist[None, :], (lq, dist.shape[0]))
-        got = backend.to_numpy(rel_shift(rows, lk))
-        want = backend.to_numpy(relative_positions(lq, lk, xp=backend.lib, device=backend.device))
+        got = backend.to_host(rel_shift(rows, lk))
+        want = backend.to_host(relative_positions(lq, lk, xp=backend.lib, device=backend.device))
         if causal:
             want = np.where(want <= 0, want, 0)
         np.testing.assert_array_equal(got, want)
@@ -199,7 +199,7 @@ def test_relative_table_matches_row_gather(backend, dtype, out_of_range, causal)
             assert tuple(out.shape) == expected.shape
             # A gather: exact.
             np.testing.assert_array_equal(
-                backend.to_numpy(out), expected, err_msg=f"Lq={lq} Lk={lk} K={radius}"
+                backend.to_host(out), expected, err_msg=f"Lq={lq} Lk={lk} K={radius}"
             )
 
 
@@ -219,15 +219,15 @@ def test_relative_table_leading_dims(backend, dtype, out_of_range, causal):
     expected = _naive_relative_table(
         np.asarray(table_np, dtype=dtype), lq, lk, causal, out_of_range
     )
-    np.testing.assert_array_equal(backend.to_numpy(out), expected)
+    np.testing.assert_array_equal(backend.to_host(out), expected)
 
 
 def test_relative_table_clip_vs_zero_differ_only_beyond_radius(backend, dtype):
     lq, lk, radius = 4, 6, 1
     table_np = np.random.default_rng(6).uniform(1, 2, size=(2 * radius + 1, 3))
     table = backend.asarray(table_np, dtype)
-    clip = backend.to_numpy(relative_table(table, lq, lk, out_of_range="clip"))
-    zero = backend.to_numpy(relative_table(table, lq, lk, out_of_range="zero"))
+    clip = backend.to_host(relative_table(table, lq, lk, out_of_range="clip"))
+    zero = backend.to_host(relative_table(table, lq, lk, out_of_range="zero"))
     d = np.arange(lq + lk - 1) - (lk - 1)
     inside = np.abs(d) <= radius
     np.testing.assert_array_equal(clip[inside], zero[inside])
@@ -254,17 +254,17 @@ def test_relative_table_integer_table(backend, out_of_range):
     _check_backend_array(backend, out)
     assert out.dtype == backend.dtype("int64")
     np.testing.assert_array_equal(
-        backend.to_numpy(out), _naive_relative_table(table_np, 4, 3, False, out_of_range)
+        backend.to_host(out), _naive_relative_table(table_np, 4, 3, False, out_of_range)
     )
 
 
 def test_relative_table_input_not_mutated(backend, dtype):
     table_np = np.random.default_rng(7).normal(size=(2, 5, 3))
     table = backend.asarray(table_np, dtype)
-    before = np.array(backend.to_numpy(table), copy=True)
+    before = np.array(backend.to_host(table), copy=True)
     for mode in ("clip", "zero"):
-        backend.to_numpy(relative_table(table, 4, 6, out_of_range=mode))
-    np.testing.assert_array_equal(backend.to_numpy(table), before)
+        backend.to_host(relative_table(table, 4, 6, out_of_range=mode))
+    np.testing.assert_array_equal(backend.to_host(table), before)
 
 
 @settings(max_examples=500, derandomize=True, database=None)

@@ -150,7 +150,7 @@ def test_large_float32_positions(backend, rng):
     positions = np.array([0.0, 1.0, 12345678.0, 1e8, -5e7, 98765432.0], dtype=np.float32)
     x = rng.normal(size=(6, 8))
     out = relattn.rotary_position_embedding(
-        backend.asarray(x, "float32"), backend.asarray(positions, "float32")
+        backend.asarray(x, "float32"), backend.asarray(positions, "float32"), layout="interleaved"
     )
     expected = _rope_loop(_rounded(x, "float32"), positions.astype(np.float64))
     backend.assert_close(out, expected, "float32")
@@ -341,9 +341,11 @@ def test_jit_equals_eager(jit_backend, dtype, rng):
 
     def f(x, positions, freqs):
         return (
-            relattn.rotary_position_embedding(x),
+            relattn.rotary_position_embedding(x, layout="interleaved"),
             relattn.rotary_position_embedding(x, positions, layout="concatenated"),
-            relattn.rotary_position_embedding(x, positions, rotary_dim=4, frequencies=freqs),
+            relattn.rotary_position_embedding(
+                x, positions, layout="interleaved", rotary_dim=4, frequencies=freqs
+            ),
         )
 
     arrays = (
@@ -380,7 +382,9 @@ def test_gradcheck(torch_backend, rng, layout):
         )
 
     assert torch.autograd.gradcheck(f, leaves)
-    assert torch.autograd.gradcheck(lambda x: relattn.rotary_position_embedding(x), leaves[:1])
+    assert torch.autograd.gradcheck(
+        lambda x: relattn.rotary_position_embedding(x, layout=layout), leaves[:1]
+    )
 
 
 def test_jax_grad_matches_central_differences(jax_backend, rng):
@@ -412,7 +416,12 @@ def test_jax_grad_matches_central_differences(jax_backend, rng):
 # ===============================================================================================
 
 #: The unpatched function: arguments such as lists or None must not meet the jit wrapper.
-_rope = relattn.rotary.rotary_position_embedding
+_unpatched = relattn.rotary.rotary_position_embedding
+
+
+def _rope(*args, layout="interleaved", **options):
+    """The unpatched function with a layout, for the errors of the other arguments."""
+    return _unpatched(*args, layout=layout, **options)
 
 
 def _f(b, *shape, dtype="float64"):
@@ -441,6 +450,10 @@ ERRORS = [
     ("x-none", lambda b: _rope(None), T, r"^x must"),
     ("layout", lambda b: _rope(_f(b, 3, 8), layout="halves"), V, r"^layout"),
     ("base", lambda b: _rope(_f(b, 3, 8), base=0.0), V, r"^base"),
+    ("layout-missing", lambda b: _unpatched(_f(b, 3, 8)), T,
+     r"^rotary_position_embedding: layout is required: 'concatenated' \(LLaMA.*\) "
+     r"or 'interleaved' \(GPT-J"),
+    ("layout-none", lambda b: _unpatched(_f(b, 3, 8), layout=None), T, r"layout is required"),
 ]  # fmt: skip
 
 
@@ -458,3 +471,16 @@ def test_mixed_libraries(torch_backend):
         _rope(x, np.arange(3))
     with pytest.raises(TypeError, match=r"different libraries"):
         _rope(x, frequencies=np.ones(4))
+
+
+def test_layout_is_a_required_keyword_naming_the_models():
+    """No default: the concatenated (LLaMA, HF) and interleaved (GPT-J) pairings both ship."""
+    import inspect
+
+    layout = inspect.signature(_unpatched).parameters["layout"]
+    assert layout.kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError, match=r"layout is required") as error:
+        _unpatched(np.zeros((3, 8)), np.arange(3))
+    for name in ("'concatenated'", "LLaMA", "rotate_half", "'interleaved'", "GPT-J", "RoFormer"):
+        assert name in str(error.value), name
+        assert name.strip("'") in _unpatched.__doc__, name

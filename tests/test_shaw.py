@@ -152,7 +152,7 @@ def test_shaw_matches_references(backend, dtype, rng, lq, lk, radius, out_of_ran
         *(backend.asarray(a, dtype) for a in (q, k, v, wk, wv)), out_of_range=out_of_range
     )
     assert tuple(out.shape) == (2, 2, lq, 3)
-    assert backend.to_numpy(out).dtype == np.dtype(dtype)
+    assert backend.to_host(out).dtype == np.dtype(dtype)
     expected = _materialised_shaw(q, k, v, wk, wv, out_of_range=out_of_range)
     backend.assert_close(out, expected, dtype)
     backend.assert_close(out, _loop_shaw(q, k, v, wk, wv, out_of_range=out_of_range), dtype)
@@ -163,12 +163,12 @@ def test_shaw_clip_and_zero_differ_only_beyond_radius(backend, rng, lq, lk):
     # K >= every distance: both modes are the same; K = 1 < max distance: they differ
     q, k, v, wk, wv = _inputs(rng, (2, 2), lq, lk, 9)
     arrays = [backend.asarray(a, "float64") for a in (q, k, v, wk, wv)]
-    clip = backend.to_numpy(shaw_attention(*arrays, out_of_range="clip"))
-    zero = backend.to_numpy(shaw_attention(*arrays, out_of_range="zero"))
+    clip = backend.to_host(shaw_attention(*arrays, out_of_range="clip"))
+    zero = backend.to_host(shaw_attention(*arrays, out_of_range="zero"))
     np.testing.assert_allclose(clip, zero, rtol=1e-12)
     small = [*arrays[:3], arrays[3][8:11, :], arrays[4][8:11, :]]  # K = 1
-    clip = backend.to_numpy(shaw_attention(*small, out_of_range="clip"))
-    zero = backend.to_numpy(shaw_attention(*small, out_of_range="zero"))
+    clip = backend.to_host(shaw_attention(*small, out_of_range="clip"))
+    zero = backend.to_host(shaw_attention(*small, out_of_range="zero"))
     assert np.abs(clip - zero).max() > 1e-3
 
 
@@ -204,7 +204,7 @@ def test_shaw_mask_with_fully_masked_row(backend, dtype, rng, lq, lk):
     expected = _materialised_shaw(q, k, v, wk, wv, mask=mask)
     backend.assert_close(out, expected, dtype)
     backend.assert_close(out, _loop_shaw(q, k, v, wk, wv, mask=mask), dtype)
-    got = backend.to_numpy(out)
+    got = backend.to_host(out)
     assert np.isfinite(got).all()
     assert (got[0, :, 1] == 0).all()  # exact zeros, not NaN, not the value table
     assert np.abs(got[1, :, 1]).max() > 0
@@ -245,7 +245,7 @@ def test_shaw_scale(backend, dtype, rng):
     q, k, v, wk, wv = _inputs(rng, (2, 2), 4, 4, 1)
     out = shaw_attention(*(backend.asarray(a, dtype) for a in (q, k, v, wk, wv)), scale=0.3)
     backend.assert_close(out, _materialised_shaw(q, k, v, wk, wv, scale=0.3), dtype)
-    assert np.abs(_materialised_shaw(q, k, v, wk, wv) - backend.to_numpy(out)).max() > 1e-3
+    assert np.abs(_materialised_shaw(q, k, v, wk, wv) - backend.to_host(out)).max() > 1e-3
 
 
 @pytest.mark.parametrize(("lq", "lk"), SHAPES, ids=SHAPE_IDS)
@@ -258,7 +258,7 @@ def test_shaw_zero_tables_equal_scaled_dot_product_attention(backend, dtype, rng
     zeros = [backend.asarray(np.zeros((5, n)), dtype) for n in (4, 3)]
     out = shaw_attention(*arrays, *zeros, mask=m)
     sdpa = relattn.scaled_dot_product_attention(*arrays, mask=m)
-    backend.assert_close(out, backend.to_numpy(sdpa), dtype)
+    backend.assert_close(out, backend.to_host(sdpa), dtype)
     backend.assert_close(out, reference.attention(q, k, v, mask=mask), dtype)
 
 
@@ -271,7 +271,7 @@ def test_shaw_mixed_dtypes_promote(backend, rng):
         backend.asarray(wk, "float32"),
         backend.asarray(wv, "float64"),
     )
-    assert backend.to_numpy(out).dtype == np.float64
+    assert backend.to_host(out).dtype == np.float64
     f32 = [a.astype(np.float32).astype(np.float64) for a in (q, v, wk)]
     expected = _materialised_shaw(f32[0], k, f32[1], f32[2], wv)
     backend.assert_close(out, expected, "float64")
@@ -295,7 +295,7 @@ def test_shaw_jit_equals_eager(jit_backend, dtype, rng):
 
     jitted = jit_backend.jit(f)(*arrays, m)
     eager = f(*arrays, m)
-    jit_backend.assert_close(jitted, jit_backend.to_numpy(eager), dtype)
+    jit_backend.assert_close(jitted, jit_backend.to_host(eager), dtype)
     jit_backend.assert_close(jitted, _materialised_shaw(q, k, v, wk, wv, mask, None, "zero"), dtype)
 
 
@@ -375,22 +375,22 @@ def _call(b, q=(3, 4), k=(5, 4), v=(5, 2), key_table=(3, 4), value_table=(5, 2),
 V, T = ValueError, TypeError
 
 ERRORS = [
-    ("key-table-even", lambda b: _call(b, key_table=(4, 4)), V, r"^key_table must have an odd"),
-    ("value-table-even", lambda b: _call(b, value_table=(2, 2)), V, r"^value_table .* odd .*2"),
+    ("key-table-even", lambda b: _call(b, key_table=(4, 4)), V, r"^key_embeddings must have an odd"),
+    ("value-table-even", lambda b: _call(b, value_table=(2, 2)), V, r"^value_embeddings .* odd .*2"),
     (
         "key-table-features",
         lambda b: _call(b, key_table=(3, 2)),
         V,
-        r"^key_table must have the feature size d = 4, got shape \(3, 2\)",
+        r"^key_embeddings must have the feature size d = 4, got shape \(3, 2\)",
     ),
     (
         "value-table-features",
         lambda b: _call(b, value_table=(3, 4)),
         V,
-        r"^value_table must have the feature size d_v = 2, got shape \(3, 4\)",
+        r"^value_embeddings must have the feature size d_v = 2, got shape \(3, 4\)",
     ),
-    ("key-table-1d", lambda b: _call(b, key_table=(4,)), V, r"^key_table must have shape"),
-    ("value-table-1d", lambda b: _call(b, value_table=(2,)), V, r"^value_table must have shape"),
+    ("key-table-1d", lambda b: _call(b, key_table=(4,)), V, r"^key_embeddings must have shape"),
+    ("value-table-1d", lambda b: _call(b, value_table=(2,)), V, r"^value_embeddings must have shape"),
     (
         "out-of-range",
         lambda b: _call(b, out_of_range="wrap"),
@@ -403,7 +403,7 @@ ERRORS = [
         "table-leading",
         lambda b: _call(b, q=(2, 3, 4), k=(2, 5, 4), v=(2, 5, 2), key_table=(3, 3, 4)),
         V,
-        r"leading .*key_table \(3,\)",
+        r"leading .*key_embeddings \(3,\)",
     ),
     (
         "mask-shape",
@@ -437,15 +437,15 @@ def test_shaw_bad_input(backend, call, error, match):
 def test_shaw_integer_table(backend):
     f = backend.asarray(np.ones((3, 4)), "float64")
     table = backend.asarray(np.ones((3, 4), dtype=np.int64))
-    with pytest.raises(TypeError, match=r"^key_table must have a real floating dtype"):
+    with pytest.raises(TypeError, match=r"^key_embeddings must have a real floating dtype"):
         shaw_attention(f, f, f, table, f)
 
 
 def test_shaw_mixed_libraries(torch_backend):
     a = np.ones((3, 4))
-    with pytest.raises(TypeError, match=r"different libraries.*key_table is a torch array"):
+    with pytest.raises(TypeError, match=r"different libraries.*key_embeddings is a torch array"):
         shaw_attention(a, a, a, torch_backend.asarray(a), a)
-    with pytest.raises(TypeError, match=r"^value_table must be an array, got list"):
+    with pytest.raises(TypeError, match=r"^value_embeddings must be an array, got list"):
         shaw_attention(a, a, a, a, [[0.0] * 4] * 3)
 
 
@@ -496,7 +496,7 @@ def _recipe_reference(example, seed, mask):
         return a.reshape(b, length, heads, d_model // heads).transpose(0, 2, 1, 3)
 
     q, k, v = (split(p["x"] @ p[name]) for name in ("w_q", "w_k", "w_v"))
-    z = _materialised_shaw(q, k, v, p["key_table"], p["value_table"], mask=mask)
+    z = _materialised_shaw(q, k, v, p["key_embeddings"], p["value_embeddings"], mask=mask)
     return z.transpose(0, 2, 1, 3).reshape(b, length, d_model) @ p["w_o"]
 
 

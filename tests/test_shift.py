@@ -78,10 +78,10 @@ def _property(backend):
 
 
 def _check_float_result(backend, out, expected: np.ndarray, dtype: str) -> None:
-    assert backend.array_module_of(out), f"{backend.name} returned a {type(out)}"
+    assert backend.is_array(out), f"{backend.name} returned a {type(out)}"
     assert out.dtype == backend.dtype(dtype)
     assert tuple(out.shape) == expected.shape
-    np.testing.assert_array_equal(backend.to_numpy(out), expected)
+    np.testing.assert_array_equal(backend.to_host(out), expected)
 
 
 # -- the reference itself ---------------------------------------------------
@@ -137,7 +137,7 @@ def test_rel_unshift_matches_gather(backend, dtype):
         out = rel_unshift(backend.asarray(x_np, dtype))
         _check_float_result(backend, out, expected, dtype)
         # Columns no key of the row reaches are exactly zero; every other one is not.
-        got = backend.to_numpy(out)
+        got = backend.to_host(out)
         reach = np.broadcast_to(_reachable(lq, lk), got.shape)
         assert np.all(got[~reach] == 0)
         assert np.all(got[reach] != 0)
@@ -174,7 +174,7 @@ def test_rel_shift_edge_lengths(backend, dtype, lq, lk, causal):
     if causal:
         # δ > 0 has no column in the causal layout: those scores are zero.
         delta = np.arange(lk)[None, :] - (np.arange(lq)[:, None] + lk - lq)
-        got = backend.to_numpy(out)
+        got = backend.to_host(out)
         assert np.all(got[..., delta > 0] == 0)
         assert np.all(got[..., delta <= 0] != 0)
 
@@ -191,8 +191,8 @@ def test_causal_and_full_layout_agree_where_both_defined(backend, dtype):
     """The causal layout is the full layout's first Lk columns: same scores for δ <= 0."""
     lq, lk = 4, 6
     full_np = _values(7, (2, lq, lq + lk - 1))
-    full = backend.to_numpy(rel_shift(backend.asarray(full_np, dtype), lk))
-    causal = backend.to_numpy(rel_shift(backend.asarray(full_np[..., :lk], dtype), lk))
+    full = backend.to_host(rel_shift(backend.asarray(full_np, dtype), lk))
+    causal = backend.to_host(rel_shift(backend.asarray(full_np[..., :lk], dtype), lk))
     delta = np.arange(lk)[None, :] - (np.arange(lq)[:, None] + lk - lq)
     np.testing.assert_array_equal(causal[..., delta <= 0], full[..., delta <= 0])
     np.testing.assert_array_equal(causal[..., delta > 0], 0)
@@ -214,15 +214,15 @@ def test_non_float_dtypes_pass_through(backend, int_dtype, causal):
     else:
         x_np = rng.integers(1, 1000, size=(2, lq, width)).astype(int_dtype)
     shifted = rel_shift(backend.asarray(x_np, int_dtype), lk)
-    assert backend.array_module_of(shifted)
+    assert backend.is_array(shifted)
     assert shifted.dtype == backend.dtype(int_dtype)
-    np.testing.assert_array_equal(backend.to_numpy(shifted), reference.rel_shift(x_np, lk))
+    np.testing.assert_array_equal(backend.to_host(shifted), reference.rel_shift(x_np, lk))
 
     y_np = x_np[..., :lk]
     unshifted = rel_unshift(backend.asarray(y_np, int_dtype))
-    assert backend.array_module_of(unshifted)
+    assert backend.is_array(unshifted)
     assert unshifted.dtype == backend.dtype(int_dtype)
-    np.testing.assert_array_equal(backend.to_numpy(unshifted), reference.rel_unshift(y_np))
+    np.testing.assert_array_equal(backend.to_host(unshifted), reference.rel_unshift(y_np))
 
 
 # -- inputs are never mutated; strided inputs -----------------------------------
@@ -232,21 +232,21 @@ def test_non_float_dtypes_pass_through(backend, int_dtype, causal):
 def test_inputs_not_mutated(backend, dtype, lq, lk):
     x_np = _values(3, (2, lq, lq + lk - 1))
     x = backend.asarray(x_np, dtype)
-    before = np.array(backend.to_numpy(x), copy=True)
+    before = np.array(backend.to_host(x), copy=True)
     out = rel_shift(x, lk)
-    backend.to_numpy(out)  # force evaluation (dask)
-    np.testing.assert_array_equal(backend.to_numpy(x), before)
+    backend.to_host(out)  # force evaluation (dask)
+    np.testing.assert_array_equal(backend.to_host(x), before)
 
     y_np = _values(4, (2, lq, lk))
     y = backend.asarray(y_np, dtype)
-    before = np.array(backend.to_numpy(y), copy=True)
+    before = np.array(backend.to_host(y), copy=True)
     out = rel_unshift(y)
-    backend.to_numpy(out)
-    np.testing.assert_array_equal(backend.to_numpy(y), before)
+    backend.to_host(out)
+    np.testing.assert_array_equal(backend.to_host(y), before)
     causal = backend.asarray(y_np, dtype)
-    before = np.array(backend.to_numpy(causal), copy=True)
-    backend.to_numpy(rel_shift(causal, lk))
-    np.testing.assert_array_equal(backend.to_numpy(causal), before)
+    before = np.array(backend.to_host(causal), copy=True)
+    backend.to_host(rel_shift(causal, lk))
+    np.testing.assert_array_equal(backend.to_host(causal), before)
 
 
 def test_strided_and_transposed_inputs(backend, dtype):

@@ -63,7 +63,7 @@ class _NativeGPUMemory(_Native):
 
     def track_native_gpu_peak_bytes(self, *params: Any) -> int:
         """Bytes the native call allocates on the device at its peak."""
-        return self.backend.peak_device_bytes(self.theirs)
+        return common.peak_device_bytes(self.backend, self.theirs)
 
     track_native_gpu_peak_bytes.unit = "bytes"
 
@@ -222,8 +222,8 @@ class FlexAttentionVsBlockwise:
                 f"torch.compile(flex_attention) failed: {type(e).__name__}: {e}"[:500]
             ) from None
         np.testing.assert_allclose(
-            self.backend.record.to_host(theirs),
-            self.backend.record.to_host(self.ours()),
+            self.backend.to_host(theirs),
+            self.backend.to_host(self.ours()),
             rtol=1e-3,
             atol=1e-4,
             err_msg="FlexAttention differs from relattn's blockwise path",

@@ -1,4 +1,4 @@
-"""Per-distance biases: T5 and ALiBi attention, ``relative_bias``, ``relative_position_bucket``.
+"""Per-distance biases: T5 and ALiBi attention, ``relative_bias_matrix``, buckets.
 
 - ``T5Attention``: ``Lq = Lk = L`` self-attention (``B = 2``, ``H = 8``,
   ``d = 64``, float32) with T5's bias, ``common.t5_attention``: the
@@ -9,7 +9,7 @@
   ``(H, L, L)`` bias for the library's fused attention.
 - ``AlibiAttention``: ``Lk = 2·Lq`` (a memory), ALiBi's ``m_h·δ`` over the
   causal layout (``W = Lk``, keys with ``δ > 0`` masked) as ``relative_bias``.
-- ``RelativeBias``: ``relative_bias`` expanding ``(H, W)`` values to
+- ``RelativeBiasMatrix``: ``relative_bias_matrix`` expanding ``(H, W)`` values to
   ``(H, Lq, Lk)``, full layout, ``Lk = 2·Lq``.
 - ``RelativePositionBucket``: T5's buckets of every pair's distance,
   ``(Lq, Lk)`` integers (relattn's attention needs only the ``W`` distances;
@@ -30,11 +30,11 @@ class _T5(common._Topic):
     """relattn's T5 attention (the baseline adds the ``(H, L, L)`` bias) on the same arrays."""
 
     def inputs(self, backend, query_length):
-        common.require("relative_position_bucket", "relative_bias")
+        common.require("relative_position_bucket")
         return common.on(backend, common.t5_inputs(query_length))
 
     def call(self, backend, arrays, query_length):
-        fn = backend.record.jit(common.t5_attention)
+        fn = backend.default_jit(common.t5_attention)
         return functools.partial(fn, *(arrays[n] for n in ("q", "k", "v", "table", "buckets")))
 
 
@@ -46,7 +46,7 @@ class AlibiAttention(common._Speed):
     """Speed and host peak memory of relattn with ALiBi's bias (causal layout, a memory)."""
 
     def inputs(self, backend, query_length):
-        common.require("alibi_slopes", "relative_bias")
+        common.require("alibi_slopes")
         from relattn import alibi_slopes, relative_distances
 
         lk = common.key_length(query_length)
@@ -62,13 +62,13 @@ class AlibiAttention(common._Speed):
         return functools.partial(fn, q, k, v, relative_bias=values)
 
 
-class RelativeBias(common._Speed):
-    """``relative_bias``: ``(H, W)`` values to the ``(H, Lq, Lk)`` matrix, full layout."""
+class RelativeBiasMatrix(common._Speed):
+    """``relative_bias_matrix``: ``(H, W)`` values to the ``(H, Lq, Lk)`` matrix, full layout."""
 
     timeout = 120
 
     def inputs(self, backend, query_length):
-        common.require("relative_bias")
+        common.require("relative_bias_matrix")
         lk = common.key_length(query_length)
         rng = np.random.default_rng(9)
         values = common.normal(rng, common.HEADS, query_length + lk - 1)
@@ -77,7 +77,7 @@ class RelativeBias(common._Speed):
     def call(self, backend, arrays, query_length):
         lk = common.key_length(query_length)
         fn = common.relattn_function(
-            "relative_bias", backend, query_length=query_length, key_length=lk
+            "relative_bias_matrix", backend, query_length=query_length, key_length=lk
         )
         return functools.partial(fn, arrays["values"])
 

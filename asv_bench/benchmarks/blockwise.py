@@ -19,8 +19,12 @@ import importlib.util
 import inspect
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import common
+
+if TYPE_CHECKING:
+    from relattn.testing import Target
 
 BACKENDS = ("numpy", "torch", "jax")
 LENGTHS = (1024,) if common.QUICK else (1024, 4096)
@@ -48,7 +52,7 @@ def require_block_size() -> None:
         raise NotImplementedError(f"relattn {relattn.__version__} has no block_size")
 
 
-def long_call(backend: common.Target, arrays: dict, block_size: int | None):
+def long_call(backend: Target, arrays: dict, block_size: int | None):
     """relattn's causal Transformer-XL call on ``arrays`` (``long_sequences.inputs``)."""
     fn = common.relattn_function("relative_attention", backend, block_size=block_size)
     q, k, v, table, u, w = (arrays[n] for n in ("q", "k", "v", "table", "u", "w"))

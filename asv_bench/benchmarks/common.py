@@ -21,11 +21,11 @@ and ``k``) and :func:`t5_attention` (T5's table gathered per distance, then
 attention), are defined here, for the topic modules and ``native.check`` alike.
 
 What is library-specific (host copies, waiting for a device, ``jax.jit``,
-device look-up, GPU memory counters) comes from :mod:`relattn.backends`;
-this module only says which backends the benchmarks run (:data:`BACKENDS`:
-a relattn backend on a CPU or a GPU) and how Dask chunks their inputs.
-Imports flow one way: ``native`` (the baselines' code) and the topic modules
-import ``common``; ``baselines`` imports them all; ``common`` imports none.
+device look-up, GPU memory counters) comes from :mod:`relattn.testing`'s
+targets; this module only says which targets the benchmarks run
+(:data:`BACKENDS`) and how Dask chunks their inputs. Imports flow one way:
+``native`` (the baselines' code) and the topic modules import ``common``;
+``baselines`` imports them all; ``common`` imports none.
 
 The array libraries are imported here, once, when asv's forkserver imports the
 benchmark suite, so that the forked benchmark processes do not each pay for
@@ -41,14 +41,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from relattn.backends import Backend
+    from relattn.testing import Target
 
 # JAX would otherwise take 75 % of a GPU's memory when it first starts, which
 # the CuPy and PyTorch benchmarks and the GPU memory counters would then miss.
@@ -62,19 +60,10 @@ D_HEAD = 64
 #: Shaw et al.'s clipping radius K.
 RADIUS = 16
 
-#: Benchmark backend -> (relattn backend, a key of ``relattn.backends.MODULES``;
-#: device kind for ``Backend.device``), as ``TARGETS`` in ``tests/conftest.py``.
-TARGETS = {
-    "numpy": ("numpy", "cpu"),
-    "torch": ("torch", "cpu"),
-    "jax": ("jax", "cpu"),
-    "dask": ("dask", "cpu"),
-    "cupy": ("cupy", "gpu"),
-    "torch_cuda": ("torch", "gpu"),
-    "jax_gpu": ("jax", "gpu"),
-}
-CPU_BACKENDS = tuple(name for name, (_, kind) in TARGETS.items() if kind == "cpu")
-GPU_BACKENDS = tuple(name for name, (_, kind) in TARGETS.items() if kind == "gpu")
+#: The targets of :mod:`relattn.testing` the benchmarks run on, by device (array-api-strict
+#: and read-only NumPy check behaviour; they are not benchmarked).
+CPU_BACKENDS = ("numpy", "torch", "jax", "dask")
+GPU_BACKENDS = ("cupy", "torch_cuda", "jax_gpu")
 BACKENDS = CPU_BACKENDS + GPU_BACKENDS
 QUERY_LENGTHS = (128,) if QUICK else (128, 512, 2048)
 #: Sizes of the ``track_ratio_*`` benchmarks, which run both sides several
@@ -98,74 +87,53 @@ def skip_on_cpu_from(backend: str, query_length: int, largest: int) -> None:
         raise NotImplementedError(f"Lq = {query_length} is too slow for {backend} on a CPU")
 
 
-@dataclass(frozen=True)
-class Target:
-    """One relattn backend on one device: what a benchmark's ``backend`` names.
+def asarray(backend: Target, a: np.ndarray, batched: bool = False) -> Any:
+    """NumPy data ``a`` as ``backend``'s array on its device.
 
-    As ``tests/conftest.py``'s ``Target``: ``lib`` is the library module,
-    ``record`` relattn's :class:`relattn.backends.Backend` for it (use its
-    ``ready``, ``to_host`` and ``jit``).
+    Dask: one chunk per batch element when ``batched`` (the leading axis is
+    the batch), so that the two cores each get one; one chunk otherwise.
     """
+    return backend.from_host(a, chunks=(1, *a.shape[1:]) if batched else None)
 
-    name: str
-    #: The library module a user passes as ``xp=`` (``numpy``, ``torch``, ``jax.numpy`` …).
-    lib: ModuleType
-    record: Backend
-    #: ``record.device(kind)``: the device the inputs are put on.
-    device: Any
-    gpu: bool
 
-    def asarray(self, a: np.ndarray, batched: bool = False) -> Any:
-        """NumPy data ``a`` as this backend's array on its device.
-
-        Dask: one chunk per batch element when ``batched`` (the leading axis is
-        the batch), so that the two cores each get one; one chunk otherwise.
-        """
-        chunks = (1, *a.shape[1:]) if batched else None
-        return self.record.from_host(a, device=self.device, chunks=chunks)
-
-    def peak_device_bytes(self, fn: Callable[[], Any]) -> int:
-        """Peak device bytes allocated while ``fn()`` runs, over what was allocated before."""
-        counter = getattr(self.record, "peak_device_bytes", None)
-        if not self.gpu or counter is None:
-            raise NotImplementedError(f"{self.name} has no GPU memory counter")
-        return counter(fn, self.device)
+def peak_device_bytes(backend: Target, fn: Callable[[], Any]) -> int:
+    """Peak device bytes of ``fn()``; ``NotImplementedError`` (a skip) where none are counted."""
+    try:
+        return backend.peak_device_bytes(fn)
+    except LookupError as e:
+        raise NotImplementedError(str(e)) from None
 
 
 @functools.cache
 def get_backend(name: str) -> Target:
-    """The :class:`Target` called ``name``, or ``NotImplementedError`` saying why not.
+    """The target called ``name``, or ``NotImplementedError`` saying why not.
 
-    The reasons are relattn's: ``relattn.backends.load``'s ``ImportError``
-    (library not installed) and ``Backend.device``'s ``LookupError`` (no such
-    device); or a relattn older than ``load`` (an old commit in ``asv
-    continuous``: its benchmarks are skipped).
+    The reasons are :mod:`relattn.testing`'s: the library is not installed, or
+    has no such device; or a relattn older than ``relattn.testing`` (an old
+    commit in ``asv continuous``: its benchmarks are skipped).
     """
-    if name not in TARGETS:
+    if name not in BACKENDS:
         raise NotImplementedError(f"unknown backend {name!r}")
     import relattn
 
     try:
-        from relattn.backends import load
+        from relattn.testing import target
     except ImportError:  # an older commit, in `asv continuous` or `asv run A..B`
-        raise NotImplementedError(f"relattn {relattn.__version__} has no backends.load") from None
-    library, kind = TARGETS[name]
-    try:
-        lib, record = load(library)
-        device = record.device(kind)
-    except (ImportError, LookupError) as e:
-        raise NotImplementedError(f"{name}: {e}") from None
-    return Target(name, lib, record, device, gpu=kind == "gpu")
+        raise NotImplementedError(f"relattn {relattn.__version__} has no relattn.testing") from None
+    found = target(name)
+    if found.unavailable:
+        raise NotImplementedError(f"{name}: {found.unavailable}")
+    return found
 
 
 def _import_libraries() -> None:
     """Import every installed library once, here (see the module's docstring)."""
     with contextlib.suppress(ImportError):
-        from relattn.backends import load
+        from relattn.testing import target
 
-        for library in ("torch", "jax", "dask"):
+        for name in ("torch", "jax", "dask"):
             with contextlib.suppress(ImportError):
-                load(library)
+                target(name).lib  # noqa: B018 - the import is the point
 
 
 _import_libraries()
@@ -181,7 +149,7 @@ def require(*functions: str) -> None:
 
 
 def relattn_function(function: str, backend: Target, **static: Any) -> Any:
-    """relattn's ``function`` with ``static`` keywords bound, through ``backend.record.jit``.
+    """relattn's ``function`` with ``static`` keywords bound, through ``backend.default_jit``.
 
     ``jax.jit`` on JAX (the bound keywords stay Python values), the function
     itself elsewhere. ``NotImplementedError`` where this relattn lacks it.
@@ -190,7 +158,7 @@ def relattn_function(function: str, backend: Target, **static: Any) -> Any:
 
     require(function)
     fn = getattr(relattn, function)
-    return backend.record.jit(functools.partial(fn, **static) if static else fn)
+    return backend.default_jit(functools.partial(fn, **static) if static else fn)
 
 
 def rotary_qk(q: Any, k: Any) -> tuple[Any, Any]:
@@ -310,7 +278,7 @@ RELATIVE_NAMES = ("q", "k", "v", "position_table", "content_bias", "position_bia
 
 def on(backend: Target, arrays: dict) -> dict:
     """Every array of ``arrays`` converted to ``backend``."""
-    return {name: backend.asarray(a, batched=name in BATCHED) for name, a in arrays.items()}
+    return {name: asarray(backend, a, batched=name in BATCHED) for name, a in arrays.items()}
 
 
 # -- side-by-side timing ----------------------------------------------
@@ -321,8 +289,8 @@ def repeats() -> int:
 def ready(backend: Target, out: Any) -> Any:
     """Wait for ``out``, one array or a tuple of them (RoPE returns ``q`` and ``k``)."""
     if isinstance(out, tuple):
-        return tuple(backend.record.ready(x) for x in out)
-    return backend.record.ready(out)
+        return tuple(backend.ready(x) for x in out)
+    return backend.ready(out)
 
 
 def timed(fn: Callable[[], Any], backend: Target) -> float:
@@ -410,7 +378,7 @@ class _GPUMemory(_Topic):
 
     def track_gpu_peak_bytes(self, *params: Any) -> int:
         """Bytes relattn's call allocates on the device at its peak."""
-        return self.backend.peak_device_bytes(self.ours)
+        return peak_device_bytes(self.backend, self.ours)
 
     track_gpu_peak_bytes.unit = "bytes"
 

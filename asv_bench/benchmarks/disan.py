@@ -41,4 +41,4 @@ class MultiDimensionalAttention(common._Speed):
         return common.on(backend, _inputs(query_length))
 
     def call(self, backend, arrays, query_length):
-        return functools.partial(backend.record.jit(_forward), **arrays)
+        return functools.partial(backend.default_jit(_forward), **arrays)

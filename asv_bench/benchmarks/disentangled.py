@@ -19,7 +19,7 @@ def disentangled_inputs(query_length: int) -> dict:
     arrays = common.attention_inputs(query_length)
     width = query_length + common.key_length(query_length) - 1
     rng = np.random.default_rng(8)
-    arrays["key_position_table"] = common.normal(rng, common.HEADS, width, common.D_HEAD)
+    arrays["position_table"] = common.normal(rng, common.HEADS, width, common.D_HEAD)
     arrays["query_position_table"] = common.normal(rng, common.HEADS, width, common.D_HEAD)
     return arrays
 
@@ -33,5 +33,5 @@ class DisentangledAttention(common._Speed):
 
     def call(self, backend, arrays, query_length):
         fn = common.relattn_function("disentangled_attention", backend)
-        names = ("q", "k", "v", "key_position_table", "query_position_table")
+        names = ("q", "k", "v", "position_table", "query_position_table")
         return functools.partial(fn, *(arrays[n] for n in names))

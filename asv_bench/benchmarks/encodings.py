@@ -35,4 +35,4 @@ class SinusoidalPositionEncoding(common._Speed):
         return {"positions": backend.asarray(distances)}
 
     def call(self, backend, arrays, query_length):
-        return functools.partial(backend.record.jit(_encode), arrays["positions"])
+        return functools.partial(backend.default_jit(_encode), arrays["positions"])

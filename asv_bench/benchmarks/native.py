@@ -465,27 +465,27 @@ def t5_pairs(backend: Any, length: int) -> Any:
 
 
 def family(backend: Any) -> str | None:
-    """The key of :data:`NATIVE` for a ``common.Target``; ``None`` for Dask (none)."""
-    library = backend.record.name
+    """The key of :data:`NATIVE` for a :class:`relattn.testing.Target`; ``None`` for Dask (none)."""
+    library = backend.library
     if library == "cupy":
         return "numpy"  # CuPy's API is NumPy's
     return library if library in ("numpy", "torch", "jax") else None
 
 
 def native(function: str, backend: Any, **static: Any) -> Any:
-    """The native implementation of relattn's ``function`` for ``backend`` (a common.Target).
+    """The native implementation of relattn's ``function`` for target ``backend``.
 
     ``static`` keywords are bound, and JAX's is compiled with ``jax.jit``
-    (``backend.record.jit``); CuPy's is NumPy's code on ``cupy``.
+    (``backend.default_jit``); CuPy's is NumPy's code on ``cupy``.
     ``NotImplementedError`` where there is none (Dask).
     """
     fam = family(backend)
     if fam is None:
         raise NotImplementedError(f"no native {function} for {backend.name}")
-    if backend.record.name == "cupy":
+    if backend.library == "cupy":
         static = {**static, "lib": backend.lib}
     fn = NATIVE[function][fam]
-    return backend.record.jit(functools.partial(fn, **static) if static else fn)
+    return backend.default_jit(functools.partial(fn, **static) if static else fn)
 
 
 # -- equality with relattn -----------------------------------------------
@@ -507,8 +507,8 @@ def check(backend_name: str) -> None:
         ours = common.relattn_function(function, backend)(*args, **kwargs)
         theirs = native(function, backend)(*(args if native_args is None else native_args))
         np.testing.assert_allclose(
-            backend.record.to_host(theirs),
-            backend.record.to_host(ours),
+            backend.to_host(theirs),
+            backend.to_host(ours),
             **tol,
             err_msg=f"native {function} on {backend_name} differs from relattn",
         )
@@ -526,7 +526,7 @@ def check(backend_name: str) -> None:
             scores = (q + pos) @ backend.lib.swapaxes(table, -1, -2)
             ours = common.relattn_function("rel_shift", backend, key_length=lk)(scores)
             theirs = native("rel_shift", backend, key_length=lk)(scores)
-            ours, theirs = backend.record.to_host(ours), backend.record.to_host(theirs)
+            ours, theirs = backend.to_host(ours), backend.to_host(theirs)
             # The causal layout has no column for δ > 0: relattn writes 0 there, the
             # native shift leaves other rows' values, which attention masks.
             keep = np.tri(lq, lk, lk - lq, dtype=bool) if layout == "causal" else True
@@ -541,25 +541,27 @@ def check(backend_name: str) -> None:
         arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
         args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
         same("shaw_attention", args, {})
-    if not all(hasattr(relattn, f) for f in ("rotary_position_embedding", "relative_bias")):
+    if not all(
+        hasattr(relattn, f) for f in ("rotary_position_embedding", "relative_position_bucket")
+    ):
         return  # an older commit: the benchmarks that need these skip
     for length in (5, 6, 9):
         arrays = common.on(backend, common.rotary_inputs(length))
         q, k = arrays["q"], arrays["k"]
         cos, sin = rotary_tables(backend, length)
-        ours = backend.record.jit(common.rotary_qk)(q, k)
+        ours = backend.default_jit(common.rotary_qk)(q, k)
         theirs = native("rotary_position_embedding", backend)(q, k, cos, sin)
         for a, b, name in zip(theirs, ours, "qk", strict=True):
             np.testing.assert_allclose(
-                backend.record.to_host(a), backend.record.to_host(b), **tol,
+                backend.to_host(a), backend.to_host(b), **tol,
                 err_msg=f"native rotate_half ({name}) on {backend_name} differs from relattn",
             )  # fmt: skip
         arrays, pairs = common.on(backend, common.t5_inputs(length)), t5_pairs(backend, length)
         qkv = (arrays["q"], arrays["k"], arrays["v"])
-        ours = backend.record.jit(common.t5_attention)(*qkv, arrays["table"], arrays["buckets"])
+        ours = backend.default_jit(common.t5_attention)(*qkv, arrays["table"], arrays["buckets"])
         theirs = native("t5_attention", backend)(*qkv, arrays["table"], pairs)
         np.testing.assert_allclose(
-            backend.record.to_host(theirs), backend.record.to_host(ours), **tol,
+            backend.to_host(theirs), backend.to_host(ours), **tol,
             err_msg=f"native T5 attention on {backend_name} differs from relattn",
         )  # fmt: skip
     _check_t5_buckets()

@@ -23,7 +23,7 @@ class _Rotary(common._Topic):
         return common.on(backend, common.rotary_inputs(query_length))
 
     def call(self, backend, arrays, query_length):
-        fn = backend.record.jit(common.rotary_qk)
+        fn = backend.default_jit(common.rotary_qk)
         return functools.partial(fn, arrays["q"], arrays["k"])
 
 

@@ -31,7 +31,7 @@ class _RelShift(common._Topic):
     param_names = ["backend", "query_length", "layout"]
 
     def inputs(self, backend, query_length, layout):
-        return {"x": backend.asarray(_scores(query_length, layout), batched=True)}
+        return {"x": common.asarray(backend, _scores(query_length, layout), batched=True)}
 
     def call(self, backend, arrays, query_length, layout):
         lk = common.key_length(query_length)
@@ -52,12 +52,12 @@ class RelShift(_RelShift, common._Speed):
 
     def setup(self, backend, query_length, layout):
         super().setup(backend, query_length, layout)
-        shifted = self.backend.record.to_host(self.ours())
-        shifted = self.backend.asarray(np.ascontiguousarray(shifted), batched=True)
+        shifted = self.backend.to_host(self.ours())
+        shifted = common.asarray(self.backend, np.ascontiguousarray(shifted), batched=True)
         self.unshift = functools.partial(
             common.relattn_function("rel_unshift", self.backend), shifted
         )
-        self.backend.record.ready(self.unshift())
+        self.backend.ready(self.unshift())
 
     def time_rel_unshift(self, backend, query_length, layout):
-        self.backend.record.ready(self.unshift())
+        self.backend.ready(self.unshift())

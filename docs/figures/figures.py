@@ -678,14 +678,14 @@ def t5_buckets() -> None:
     encoder_buckets = relattn.relative_position_bucket(
         relattn.relative_distances(length, length), num_buckets=small, max_distance=reach
     )
-    encoder = relattn.relative_bias(table[encoder_buckets].T, length, length)  # (H, L, L)
+    encoder = relattn.relative_bias_matrix(table[encoder_buckets].T, length, length)  # (H, L, L)
     decoder_buckets = relattn.relative_position_bucket(
         relattn.relative_distances(length, length, causal=True),
         num_buckets=small,
         max_distance=reach,
         bidirectional=False,
     )
-    decoder = _no_value(relattn.relative_bias(table[decoder_buckets, 0], length, length))
+    decoder = _no_value(relattn.relative_bias_matrix(table[decoder_buckets, 0], length, length))
     cmap, norm = _diverging(float(np.max(np.abs(table))))
     for h in range(heads):
         image = _matrix(
@@ -735,7 +735,7 @@ def alibi_bias() -> None:
     slopes = np.asarray(relattn.alibi_slopes(heads))
     delta = np.asarray(relattn.relative_distances(length, length, causal=True))
     values = slopes[:, None] * delta[None, :]  # (H, Lk): the causal layout
-    bias = _no_value(relattn.relative_bias(values, length, length))
+    bias = _no_value(relattn.relative_bias_matrix(values, length, length))
     cmap = plt.get_cmap("viridis").copy()
     cmap.set_bad("#d9d9d9")
     norm = Normalize(vmin=float(values.min()), vmax=0)
@@ -785,9 +785,13 @@ def rope_rotation() -> None:
     q, k = rng.normal(size=(2, d))
     offsets = np.arange(-40, 41)
     for m, style, width in ((50, "-", 4), (200, "--", 2.2), (1000, ":", 1.6)):
-        rq = np.asarray(relattn.rotary_position_embedding(q[None, :], np.array([m])))[0]
+        rq = np.asarray(
+            relattn.rotary_position_embedding(q[None, :], np.array([m]), layout="interleaved")
+        )[0]
         rk = np.asarray(
-            relattn.rotary_position_embedding(np.tile(k, (len(offsets), 1)), m + offsets)
+            relattn.rotary_position_embedding(
+                np.tile(k, (len(offsets), 1)), m + offsets, layout="interleaved"
+            )
         )
         ax.plot(offsets, rk @ rq, style, lw=width, label=f"m = {m}")
     ax.axvline(0, color="grey", lw=0.5)

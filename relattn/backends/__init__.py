@@ -15,6 +15,7 @@ from typing import Any
 
 import array_api_compat
 
+from .._namespace import namespace_of_module, per_module
 from ._base import Backend
 
 __all__ = ["MODULES", "Backend", "backend_for", "load", "namespace_of_module"]
@@ -31,104 +32,9 @@ MODULES = {
 }
 
 
-_XP_EXPECTED = (
-    "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
-    "array_api_strict) or its array-API namespace"
-)
-
-
-def _compat_numpy() -> ModuleType:
-    from array_api_compat import numpy
-
-    return numpy
-
-
-def _compat_torch() -> ModuleType:
-    from array_api_compat import torch
-
-    return torch
-
-
-def _compat_cupy() -> ModuleType:
-    from array_api_compat import cupy
-
-    return cupy
-
-
-def _compat_dask() -> ModuleType:
-    from array_api_compat.dask import array
-
-    return array
-
-
-def _jax_numpy() -> ModuleType:
-    from jax import numpy
-
-    return numpy
-
-
-# Library -> the array-API namespace whose functions return that library's arrays.
-# Plain import statements, not importlib: torch.compile can trace them.
-_NAMESPACES = (
-    (array_api_compat.is_numpy_namespace, _compat_numpy),
-    (array_api_compat.is_torch_namespace, _compat_torch),
-    (array_api_compat.is_cupy_namespace, _compat_cupy),
-    (array_api_compat.is_dask_namespace, _compat_dask),
-    (array_api_compat.is_jax_namespace, _jax_numpy),
-)
-
-
-def namespace_of_module(xp: Any) -> ModuleType:
-    """Array-API namespace for a library module or a namespace given as ``xp``.
-
-    ``None`` means NumPy. The library module itself (``numpy``, ``torch``,
-    ``jax.numpy``, ``cupy``, ``dask.array``, ``array_api_strict``) and its
-    array-api-compat namespace both resolve to the namespace whose functions
-    return that library's arrays.
-
-    Raises
-    ------
-    TypeError
-        If ``xp`` is not an array library relattn can use.
-    """
-    if xp is None:
-        import numpy as xp
-    if not isinstance(xp, ModuleType):
-        raise TypeError(f"{_XP_EXPECTED}, got {xp!r}")
-    return _per_module(_RESOLVED, xp, _namespace_of_module)
-
-
-def _per_module(cache: dict[str, tuple[ModuleType, Any]], xp: ModuleType, compute: Any) -> Any:
-    """``compute(xp)``, computed once per module and kept in ``cache``.
-
-    A dict keyed by the module's name (checked to be the same module), not
-    ``functools.cache``: torch.compile traces a dict look-up with a string key,
-    but would trace through a cache wrapper, into importlib and with a warning.
-    """
-    given, found = cache.get(xp.__name__, (None, None))
-    if given is not xp:
-        found = compute(xp)
-        cache[xp.__name__] = (xp, found)
-    return found
-
-
-#: Module name -> (the module, its namespace), filled by :func:`namespace_of_module`.
-_RESOLVED: dict[str, tuple[ModuleType, ModuleType]] = {}
-
-
-def _namespace_of_module(xp: ModuleType) -> ModuleType:
-    for is_library, namespace in _NAMESPACES:
-        if is_library(xp):
-            return namespace()
-    if hasattr(xp, "__array_namespace_info__"):
-        # array_api_strict and any other namespace that declares compliance.
-        return xp
-    raise TypeError(f"{_XP_EXPECTED}, got the module {xp.__name__}")
-
-
 def backend_for(xp: ModuleType) -> Backend:
     """The :class:`Backend` (library-specific operations) for namespace ``xp``."""
-    return _per_module(_BACKENDS, xp, _backend_for)
+    return per_module(_BACKENDS, xp, _backend_for)
 
 
 #: Namespace name -> (the namespace, its Backend), filled by :func:`backend_for`.

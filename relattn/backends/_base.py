@@ -97,25 +97,43 @@ class Backend:
         implicit device), or ``LookupError`` saying why there is none.
     query_chunks : bool
         The generic dense path runs a block of queries at a time
-        (:func:`relattn.blocks.dense_in_query_blocks`): right for libraries
+        (:func:`relattn.fold.dense_in_query_blocks`): right for libraries
         that run one operation at a time and free intermediates as soon as
         they are dropped; ``False`` where a compiler plans the memory (JAX).
     checkpoint : callable
         ``(fn, *arrays) -> fn(*arrays)``, its intermediates recomputed in the
         backward pass instead of kept (``jax.checkpoint``,
         ``torch.utils.checkpoint``); a plain call where there is no autograd.
-        The blockwise path wraps each query block in it.
-    blockwise : callable or None
-        ``(blocks, xp, *, block_size, dtype) -> out``: the blockwise path in the
-        library's own traced loops (JAX: ``lax.map`` over query blocks,
-        ``lax.fori_loop`` over key blocks), or ``None`` for relattn's Python
-        loop over static blocks.
-    ring_attention : object or None
-        Sequence parallelism for :func:`relattn.ring_attention`: an object with
-        ``axis_size(axis_name)`` and ``attend(q, k, v, xp, *, axis_name, scale,
-        mask, causal, **terms)`` running the ring with the library's own
-        collective (JAX: ``lax.ppermute`` inside ``shard_map``); ``None`` where
-        the library has none.
+        The block fold wraps each query block in it.
+    fori_loop : callable or None
+        ``(n, body, carry) -> carry``: ``body(step, carry)`` for ``step`` in
+        ``0 … n-1`` as one traced loop (``lax.fori_loop``), so that a jit
+        compiles the block fold's step once; ``None`` where the fold runs as
+        Python loops over static blocks (every eager library).
+    cond : callable or None
+        ``(pred, true_fn, false_fn, operand) -> result``: a traced branch
+        (``lax.cond``) for a traced ``pred``; ``None`` with ``fori_loop``.
+    map : callable or None
+        ``(fn, n) -> stacked``: ``fn(i)`` for ``i`` in ``0 … n-1``, stacked along
+        a new first axis, one after the other (``lax.map``); with ``fori_loop``.
+    dynamic_slice : callable or None
+        ``(x, start, size, axis) -> x[start:start + size]`` along ``axis``
+        (``-1`` or ``-2``) for a traced ``start``; ``x`` itself where it is
+        ``None``, has fewer dimensions or broadcasts along ``axis``; with
+        ``fori_loop``.
+    align : callable
+        ``(x, inputs) -> x`` typed to vary over the mesh axes the arrays
+        ``inputs`` vary over (JAX inside ``shard_map``, whose loop carries and
+        branches must agree); identity elsewhere.
+    collective : object or None
+        The ring of :func:`relattn.ring_attention`: ``axis_size(axis_name)``,
+        ``axis_index(axis_name)`` and ``rotate(x, axis_name)`` (send to the next
+        device, receive from the previous; JAX's ``lax.ppermute`` inside
+        ``shard_map``); ``None`` where the library has none.
+    join : callable
+        ``(x, like) -> x`` made to mix with ``like`` in one operation (a plain
+        tensor as a replicated ``DTensor`` beside DTensors); identity elsewhere
+        and for ``None``.
     fused_attention : callable or None
         ``(q, k, v) -> kernel or None``: the library's own attention kernel for
         these inputs, where it takes them and is worth using;
@@ -152,8 +170,13 @@ class Backend:
     device: Callable[[str], Any] = _HOST_ONLY
     query_chunks: bool = True
     checkpoint: Callable[..., Any] = _call
-    blockwise: Callable[..., Any] | None = None
-    ring_attention: Any = None
+    fori_loop: Callable[..., Any] | None = None
+    cond: Callable[..., Any] | None = None
+    map: Callable[..., Any] | None = None
+    dynamic_slice: Callable[..., Any] | None = None
+    align: Callable[..., Any] = _identity
+    collective: Any = None
+    join: Callable[..., Any] = _identity
     fused_attention: Callable[..., Any] | None = None
     peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity

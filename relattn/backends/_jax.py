@@ -111,102 +111,34 @@ def _checkpoint(fn: Any, *args: Any) -> Any:
     return jax.checkpoint(fn)(*args)
 
 
-def _pad_axis(x: Any, axis: int, size: int, value: Any = 0) -> Any:
-    """``x`` padded with ``value`` to ``size`` along ``axis``, unless that axis broadcasts."""
+def _fori_loop(n: int, body: Any, carry: Any) -> Any:
+    from jax import lax
+
+    return lax.fori_loop(0, n, body, carry)
+
+
+def _cond(pred: Any, true_fn: Any, false_fn: Any, operand: Any) -> Any:
+    from jax import lax
+
+    if isinstance(pred, bool):
+        return true_fn(operand) if pred else false_fn(operand)
+    return lax.cond(pred, true_fn, false_fn, operand)
+
+
+def _map(fn: Any, n: int) -> Any:
     import jax.numpy as jnp
+    from jax import lax
 
-    if x is None or x.ndim < -axis or x.shape[axis] in (1, size):
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths, constant_values=value)
+    return lax.map(fn, jnp.arange(n))
 
 
-def _slice_axis(x: Any, start: Any, size: int, axis: int) -> Any:
+def _dynamic_slice(x: Any, start: Any, size: int, axis: int) -> Any:
     """``x[start : start + size]`` along ``axis`` for a traced ``start``, unless it broadcasts."""
     from jax import lax
 
     if x is None or x.ndim < -axis or x.shape[axis] == 1:
         return x
     return lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
-
-
-def blockwise(blocks: Any, xp: Any, *, block_size: tuple[int, int], dtype: Any) -> Any:
-    """relattn's blockwise path in JAX's own loops: one block step, compiled once.
-
-    Query blocks run under ``lax.map`` (one after the other), each wrapped in
-    ``jax.checkpoint`` so that the backward pass recomputes it; key blocks under
-    ``lax.fori_loop``, with ``lax.cond`` skipping those wholly after a causal
-    query block. Offsets are traced, so the block's table slices are gathers
-    (:func:`relattn.blocks.relative_term`). Queries and keys are padded to whole
-    blocks; padded keys are masked and padded queries dropped.
-    """
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    from .. import blocks as blk
-
-    rel = blocks.rel
-    lq, lk = rel.lq, rel.lk
-    bq, bk = min(block_size[0], lq), min(block_size[1], lk)
-    nq, nk = -(-lq // bq), -(-lk // bk)
-    rows, cols = nq * bq, nk * bk
-    padded = blk.Blocks(
-        _pad_axis(blocks.q, -2, rows),
-        _pad_axis(blocks.k, -2, cols),
-        _pad_axis(blocks.v, -2, cols),
-        rel,
-        _pad_axis(blocks.qp, -2, rows),
-        _pad_axis(blocks.ks, -2, cols),
-        blocks.value_table,
-        _pad_axis(_pad_axis(blocks.bias, -1, cols), -2, rows),
-        _pad_axis(_pad_axis(blocks.mask, -1, cols, False), -2, rows, False),
-    )
-    key_limit = lk if cols != lk else None
-    # Inside a shard_map the loop's carry must vary over the axes its inputs vary over.
-    axes = _inputs_axes(
-        blocks.q, blocks.k, blocks.v, blocks.qp, blocks.ks, blocks.value_table, blocks.bias,
-        blocks.mask, rel.key_table, rel.query_table, rel.relative_bias,
-    )  # fmt: skip
-    offset = lk - lq
-    lead, d_v = blocks.lead, blocks.v.shape[-1]
-    work = blk.accumulator_dtype(dtype, xp)
-
-    def query_block(iq: Any) -> Any:
-        i0 = iq * bq
-        q = _slice_axis(padded.q, i0, bq, -2)
-        qp = _slice_axis(padded.qp, i0, bq, -2)
-        bias = _slice_axis(padded.bias, i0, bq, -2) if _has_rows(padded.bias) else padded.bias
-        mask = _slice_axis(padded.mask, i0, bq, -2) if _has_rows(padded.mask) else padded.mask
-
-        def step(jk: Any, state: Any) -> Any:
-            j0 = jk * bk
-            block = (i0, bq, j0, bk)
-
-            def fold(state: Any) -> Any:
-                s = blk.pair_scores(
-                    padded, q, _slice_axis(padded.k, j0, bk, -2), qp,
-                    _slice_axis(padded.ks, j0, bk, -2), block, xp,
-                    bias=_slice_axis(bias, j0, bk, -1), mask=_slice_axis(mask, j0, bk, -1),
-                    key_limit=key_limit,
-                )  # fmt: skip
-                v = _slice_axis(padded.v, j0, bk, -2)
-                return blk.block_step(
-                    state, s, v, xp, value_table=blk.value_slice(padded, block, xp)
-                )
-
-            if not rel.causal:
-                return fold(state)
-            return lax.cond(j0 <= i0 + bq - 1 + offset, fold, lambda state: state, state)
-
-        start = blk.block_start((*lead, bq, d_v), work, None, xp)
-        start = blk.BlockState(*(_varying(x, axes) for x in start))
-        return blk.block_finish(lax.fori_loop(0, nk, step, start), dtype, xp)
-
-    outputs = lax.map(jax.checkpoint(query_block), jnp.arange(nq))  # (nq, *lead, bq, d_v)
-    out = jnp.reshape(jnp.moveaxis(outputs, 0, -3), (*lead, rows, d_v))
-    return out[..., :lq, :]
 
 
 def _axes(x: Any) -> frozenset[Any]:
@@ -220,30 +152,29 @@ def _axes(x: Any) -> frozenset[Any]:
     return frozenset(varying)
 
 
-def _varying(x: Any, axes: frozenset[Any]) -> Any:
-    """``x`` typed as varying over ``axes`` inside ``shard_map`` (``None`` stays ``None``).
+def _align(x: Any, inputs: Any, extra: Any = ()) -> Any:
+    """``x`` typed as varying over the mesh axes of ``inputs`` (and ``extra``) in ``shard_map``.
 
     ``shard_map`` types each value by the mesh axes it varies over, and a loop's
     carry or a ``lax.cond``'s branches must agree: a state built from constants
-    varies over none, the blocks folded into it over the inputs' axes.
+    varies over none, the blocks folded into it over the inputs' axes. ``None``
+    stays ``None``; outside ``shard_map`` nothing varies and ``x`` is returned.
     """
     from jax import lax
 
+    if x is None:
+        return x
+    axes = frozenset(extra)
+    for a in inputs:
+        axes |= _axes(a)
     missing = axes - _axes(x)
-    if x is None or not missing:
+    if not missing:
         return x
     return lax.pcast(x, tuple(sorted(missing, key=str)), to="varying")
 
 
-def _inputs_axes(*arrays: Any) -> frozenset[Any]:
-    axes: frozenset[Any] = frozenset()
-    for x in arrays:
-        axes |= _axes(x)
-    return axes
-
-
-class _Ring:
-    """relattn's ring attention on a JAX mesh axis (:func:`relattn.ring_attention`)."""
+class _Collective:
+    """A ring over a mesh axis of the enclosing ``jax.shard_map``."""
 
     @staticmethod
     def axis_size(axis_name: Any) -> int:
@@ -258,66 +189,18 @@ class _Ring:
             ) from None
 
     @staticmethod
-    def attend(
-        q: Any, k: Any, v: Any, xp: Any, *, axis_name: Any, scale: Any, mask: Any, causal: bool,
-        **terms: Any,
-    ) -> Any:  # fmt: skip
-        """``n`` steps: fold the key block at hand, pass it on to the next device."""
+    def axis_index(axis_name: Any) -> Any:
         from jax import lax
 
-        from .. import blocks as blk
+        return lax.axis_index(axis_name)
 
-        n = _Ring.axis_size(axis_name)
-        bq, bk = q.shape[-2], k.shape[-2]
-        # Every operand varies over the ring's axis: replicated tables and masks are cast
-        # to varying here, once, so that their cotangents are summed over the devices
-        # here too (a psum), and not inside a lax.cond branch that some devices skip.
-        axes = _inputs_axes(q, k, v) | {axis_name}
-        terms = {name: _varying(x, axes) for name, x in terms.items()}
-        mask = _varying(mask, axes)
-        q, k, v = (_varying(x, axes) for x in (q, k, v))
-        problem = blk.problem(
-            q, k, v, xp, scale=scale, lq=n * bq, lk=n * bk, causal=causal, **terms
-        )
-        rel = problem.rel
-        me = lax.axis_index(axis_name)
-        i0 = me * bq
-        offset = rel.lk - rel.lq
-        work = blk.accumulator_dtype(xp.result_type(q, v), xp)
-        state = blk.block_start((*problem.lead, bq, v.shape[-1]), work, None, xp)
-        # shard_map types each value by the mesh axes it varies over: the state varies like
-        # the blocks folded into it (both branches of the cond below must agree).
-        state = blk.BlockState(*(_varying(x, axes) for x in state))
-        ring = [(j, (j + 1) % n) for j in range(n)]
-        mask = _slice_axis(mask, i0, bq, -2) if _has_rows(mask) else mask
-        keys, values = k, v
-        for step in range(n):
-            j0 = ((me - step) % n) * bk  # the block at hand started on device me - step
-            block = (i0, bq, j0, bk)
+    @staticmethod
+    def rotate(x: Any, axis_name: Any) -> Any:
+        """``x`` of device ``p`` sent to device ``p + 1`` (mod ``n``), every device at once."""
+        from jax import lax
 
-            def fold(state: Any, keys=keys, values=values, block=block):
-                # DeBERTa's position-to-content term reads the scaled keys: scaled here,
-                # not passed round the ring beside the keys.
-                scaled_keys = None if problem.ks is None else keys * scale
-                s = blk.pair_scores(
-                    problem, problem.q, keys, problem.qp, scaled_keys, block, xp,
-                    mask=_slice_axis(mask, block[2], bk, -1),
-                )  # fmt: skip
-                table = blk.value_slice(problem, block, xp)
-                return blk.block_step(state, s, values, xp, value_table=table)
-
-            if rel.causal:
-                visible = j0 <= i0 + bq - 1 + offset
-                state = lax.cond(visible, fold, lambda state: state, state)
-            else:
-                state = fold(state)
-            if step < n - 1:
-                keys, values = lax.ppermute((keys, values), axis_name, ring)
-        return blk.block_finish(state, xp.result_type(q, v), xp)
-
-
-def _has_rows(x: Any) -> bool:
-    return x is not None and x.ndim >= 2 and x.shape[-2] != 1
+        n = _Collective.axis_size(axis_name)
+        return lax.ppermute(x, axis_name, [(j, (j + 1) % n) for j in range(n)])
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:
@@ -367,8 +250,12 @@ BACKEND = Backend(
     device=_device,
     query_chunks=False,
     checkpoint=_checkpoint,
-    blockwise=blockwise,
-    ring_attention=_Ring,
+    fori_loop=_fori_loop,
+    cond=_cond,
+    map=_map,
+    dynamic_slice=_dynamic_slice,
+    align=_align,
+    collective=_Collective,
     fused_attention=_fused_attention,
     peak_device_bytes=_peak_device_bytes,
 )

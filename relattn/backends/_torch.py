@@ -89,16 +89,18 @@ def _peak_device_bytes(fn: Any, device: Any) -> int:
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:
-    """The kernel below for every input (relattn calls it only on non-empty ones).
+    """The kernel below, except for DTensors.
 
-    DTensors get :func:`_dtensor_attention` instead: DTensor has no sharding
-    rule for the CPU fused kernel and propagates shardings through its whole
-    decomposition, which takes minutes on the first call.
+    DTensor has no sharding rule for the CPU fused kernel and propagates
+    shardings through its whole decomposition, which takes minutes on the first
+    call: DTensors take relattn's generic path, every operation of which has a
+    sharding rule (batch or head shardings pass through without
+    communication).
     """
     import functools
 
     if any(_is_dtensor(x) for x in (q, k, v)):
-        return functools.partial(_dtensor_attention, q, k, v)
+        return None
     return functools.partial(fused_attention, q, k, v)
 
 
@@ -115,30 +117,17 @@ def _is_dtensor(x: Any) -> bool:
     return module is not None and isinstance(x, module.DTensor)
 
 
-def _dtensor_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
-    """The kernel's contract on DTensors: relattn's generic array-API attention.
+def _join(x: Any, like: Any) -> Any:
+    """Plain tensor ``x`` as a DTensor replicated on ``like``'s mesh when ``like`` is one.
 
-    Every operation of the generic path has a DTensor sharding rule, and batch
-    or head shardings (``Shard`` of a leading axis) pass through them without
-    communication. A plain-tensor ``bias`` or ``mask`` (the causal mask relattn
-    builds) is the same on every rank: it joins as a replicated DTensor on the
-    inputs' mesh, since DTensor refuses to mix the two kinds.
+    A bias or mask relattn builds (the causal mask) is the same on every rank;
+    DTensor refuses to mix the two kinds in one operation.
     """
-    from array_api_compat import torch as xp
-
-    from ..core import attend_generic
-
-    mesh = next(x.device_mesh for x in (q, k, v) if _is_dtensor(x))
-    bias, mask = (_replicated(a, mesh) for a in (bias, mask))
-    return attend_generic(q, k, v, bias, mask, scale, xp)
-
-
-def _replicated(x: Any, mesh: Any) -> Any:
-    """Plain tensor ``x`` as a DTensor replicated on ``mesh`` (``None`` and DTensors as given)."""
-    if x is None or _is_dtensor(x):
+    if x is None or not _is_dtensor(like) or _is_dtensor(x):
         return x
     from torch.distributed.tensor import DTensor, Replicate
 
+    mesh = like.device_mesh
     return DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
@@ -181,4 +170,5 @@ BACKEND = Backend(
     fused_attention=_fused_attention,
     peak_device_bytes=_peak_device_bytes,
     takes_blockwise=lambda x: not _is_dtensor(x),
+    join=_join,
 )

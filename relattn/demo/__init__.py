@@ -8,6 +8,8 @@ ALiBi, RoPE and DeBERTa's disentangled attention. Each backend runs the same
 relattn code; the demo checks it against a NumPy float64 run and against the
 same model computed naively (per-pair gathers, materialised relative tensors
 and biases, per-pair rotations, unchunked logits), and times each segment.
+``check=`` and ``check_segments=`` skip or shorten the two comparisons, and
+``progress=True`` draws a progress bar per run on standard error.
 
 The backends are those of :data:`relattn.backends.MODULES`, loaded with
 :func:`relattn.backends.load`.
@@ -15,6 +17,7 @@ The backends are those of :data:`relattn.backends.MODULES`, loaded with
 
 from .models import SCHEMES, Config, TransformerXLEncoder
 from .runner import (
+    CHECKS,
     TOLERANCES,
     WITH_MEMORY,
     byte_tokens,
@@ -23,12 +26,14 @@ from .runner import (
     demo,
     exceeds,
     find_backends,
+    progress_bar,
     read_text,
     run,
     zen_of_python,
 )
 
 __all__ = [
+    "CHECKS",
     "SCHEMES",
     "TOLERANCES",
     "WITH_MEMORY",
@@ -40,6 +45,7 @@ __all__ = [
     "demo",
     "exceeds",
     "find_backends",
+    "progress_bar",
     "read_text",
     "run",
     "zen_of_python",

@@ -258,8 +258,8 @@ class ShawEncoder(Encoder):
 
         def tables(rng: np.random.Generator) -> dict[str, np.ndarray]:
             return {
-                "key_table": rng.normal(scale=0.5, size=(rows, d_head)),
-                "value_table": rng.normal(scale=0.5, size=(rows, d_head)),
+                "key_embeddings": rng.normal(scale=0.5, size=(rows, d_head)),
+                "value_embeddings": rng.normal(scale=0.5, size=(rows, d_head)),
             }
 
         return transformer_weights(config, tables)
@@ -268,12 +268,12 @@ class ShawEncoder(Encoder):
         xp = self.xp
         q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
         if not naive:
-            return shaw_attention(q, k, v, p["key_table"], p["value_table"])
+            return shaw_attention(q, k, v, p["key_embeddings"], p["value_embeddings"])
         # tensor2tensor's way: a^K_ij and a^V_ij materialised, (Lq, Lk, d_head).
         lq = lk = h.shape[-2]
         a_k, a_v = (
             gather_pairs(relative_table(p[t], lq, lk), lq, lk, xp, self.device)
-            for t in ("key_table", "value_table")
+            for t in ("key_embeddings", "value_embeddings")
         )
         scores = xp.sum(q[..., :, None, :] * (k[..., None, :, :] + a_k), axis=-1)
         weights = softmax(scores / math.sqrt(q.shape[-1]), None, -1, xp)
@@ -584,8 +584,10 @@ class DebertaEncoder(Encoder):
             delta = relative_distances(length, length, xp=xp, device=self.device)
             bucket = log_bucket_position(-delta, bucket_size=span, max_position=self.max_position)
             phi = xp.clip(bucket + span, 0, 2 * span - 1)
-            key_table, query_table = (xp.take(t, phi, axis=1) for t in (pos_key, pos_query))
-            return disentangled_attention(q, k, v, key_table, query_table)
+            position_table, query_position_table = (
+                xp.take(t, phi, axis=1) for t in (pos_key, pos_query)
+            )
+            return disentangled_attention(q, k, v, position_table, query_position_table)
         # HF's way: φ for every (i, j) pair, the three scores written out.
         bucket = deberta_bucket(-pair_distances(length, length), span, self.max_position)
         phi = xp.asarray(

@@ -1,0 +1,166 @@
+"""Array namespaces: of the arrays a function is given, and of a library module passed as ``xp``.
+
+The bottom of relattn: it imports no other relattn module. Both look-ups are
+cached in plain dicts keyed by type or module name, which ``torch.compile``
+traces as constants (a ``functools`` cache or a ``set`` of modules it cannot
+hash would break its graph), so that a small call pays them once.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+
+__all__ = ["library", "namespace", "namespace_of_module", "require_array"]
+
+_XP_EXPECTED = (
+    "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
+    "array_api_strict) or its array-API namespace"
+)
+
+
+def library(x: Any) -> str:
+    """The top-level package of ``x``'s type (``"numpy"``, ``"torch"``, ``"jaxlib"`` …)."""
+    return type(x).__module__.partition(".")[0]
+
+
+def require_array(name: str, a: Any) -> None:
+    """``TypeError`` naming ``name`` unless ``a`` is an array of an array-API library."""
+    if not array_api_compat.is_array_api_obj(a) or isinstance(a, (int, float, complex)):
+        what = "None" if a is None else type(a).__name__
+        raise TypeError(f"{name} must be an array, got {what}")
+
+
+#: Array type -> its namespace, filled by :func:`namespace` (the types are few).
+_NAMESPACE_OF_TYPE: dict[type, ModuleType] = {}
+
+
+def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> ModuleType:
+    """Array-API namespace shared by the named arrays.
+
+    Every keyword argument is a required array; ``optional`` holds the
+    arguments that may be ``None`` (skipped when they are). Raises
+    ``TypeError`` naming an argument that is not an array (``None``, a list, a
+    scalar), or the arguments whose libraries differ, except NumPy arrays
+    beside JAX or Dask ones, which those libraries accept themselves: the
+    namespace is then JAX's or Dask's (``relattn._checks.cast`` converts the
+    NumPy operands).
+    """
+    if optional:
+        arrays.update((name, a) for name, a in optional.items() if a is not None)
+    first = None
+    for a in arrays.values():
+        found = _NAMESPACE_OF_TYPE.get(type(a))
+        if found is None or (first is not None and found is not first):
+            break
+        first = found
+    else:
+        if first is not None:
+            return first
+    for name, a in arrays.items():
+        require_array(name, a)
+    try:
+        xp = array_api_compat.array_namespace(*arrays.values())
+    except TypeError:
+        # JAX and Dask take NumPy operands themselves: so does relattn, converting them
+        # to the library of the other inputs.
+        others = [a for a in arrays.values() if library(a) != "numpy"]
+        if {library(a) for a in others} in ({"jax"}, {"jaxlib"}, {"jax", "jaxlib"}, {"dask"}):
+            return array_api_compat.array_namespace(*others)
+        found_names = ", ".join(f"{name} is a {library(a)} array" for name, a in arrays.items())
+        raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
+    types = {type(a) for a in arrays.values()}
+    if len(types) == 1:
+        _NAMESPACE_OF_TYPE[types.pop()] = xp
+    return xp
+
+
+def _compat_numpy() -> ModuleType:
+    from array_api_compat import numpy
+
+    return numpy
+
+
+def _compat_torch() -> ModuleType:
+    from array_api_compat import torch
+
+    return torch
+
+
+def _compat_cupy() -> ModuleType:
+    from array_api_compat import cupy
+
+    return cupy
+
+
+def _compat_dask() -> ModuleType:
+    from array_api_compat.dask import array
+
+    return array
+
+
+def _jax_numpy() -> ModuleType:
+    from jax import numpy
+
+    return numpy
+
+
+# Library -> the array-API namespace whose functions return that library's arrays.
+# Plain import statements, not importlib: torch.compile can trace them.
+_NAMESPACES = (
+    (array_api_compat.is_numpy_namespace, _compat_numpy),
+    (array_api_compat.is_torch_namespace, _compat_torch),
+    (array_api_compat.is_cupy_namespace, _compat_cupy),
+    (array_api_compat.is_dask_namespace, _compat_dask),
+    (array_api_compat.is_jax_namespace, _jax_numpy),
+)
+
+
+def namespace_of_module(xp: Any) -> ModuleType:
+    """Array-API namespace for a library module or a namespace given as ``xp``.
+
+    ``None`` means NumPy. The library module itself (``numpy``, ``torch``,
+    ``jax.numpy``, ``cupy``, ``dask.array``, ``array_api_strict``) and its
+    array-api-compat namespace both resolve to the namespace whose functions
+    return that library's arrays.
+
+    Raises
+    ------
+    TypeError
+        If ``xp`` is not an array library relattn can use.
+    """
+    if xp is None:
+        import numpy as xp
+    if not isinstance(xp, ModuleType):
+        raise TypeError(f"{_XP_EXPECTED}, got {xp!r}")
+    return per_module(_RESOLVED, xp, _namespace_of_module)
+
+
+def per_module(cache: dict[str, tuple[ModuleType, Any]], xp: ModuleType, compute: Any) -> Any:
+    """``compute(xp)``, computed once per module and kept in ``cache``.
+
+    A dict keyed by the module's name (checked to be the same module), not
+    ``functools.cache``: torch.compile traces a dict look-up with a string key,
+    but would trace through a cache wrapper, into importlib and with a warning.
+    """
+    given, found = cache.get(xp.__name__, (None, None))
+    if given is not xp:
+        found = compute(xp)
+        cache[xp.__name__] = (xp, found)
+    return found
+
+
+#: Module name -> (the module, its namespace), filled by :func:`namespace_of_module`.
+_RESOLVED: dict[str, tuple[ModuleType, ModuleType]] = {}
+
+
+def _namespace_of_module(xp: ModuleType) -> ModuleType:
+    for is_library, namespace in _NAMESPACES:
+        if is_library(xp):
+            return namespace()
+    if hasattr(xp, "__array_namespace_info__"):
+        # array_api_strict and any other namespace that declares compliance.
+        return xp
+    raise TypeError(f"{_XP_EXPECTED}, got the module {xp.__name__}")

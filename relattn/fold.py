@@ -1,0 +1,436 @@
+"""The block fold: blockwise attention with the online softmax, written once.
+
+A query block's output is a fold over key blocks (Milakov & Gimelshein 2018;
+Dao et al. 2022): a running row maximum, a running sum of ``exp(score - max)``
+and a rescaled accumulator (:class:`BlockState`), so that memory is
+``O(Lq·d + bq·bk)`` per head instead of ``O(Lq·Lk)``. :func:`fold_keys` is the
+fold itself: the state start, the causal skip, the block step and the finish.
+Three drivers run it, differing only in the primitives a backend supplies
+(:class:`relattn.backends.Backend`: ``fori_loop``, ``cond``, ``map``,
+``dynamic_slice``, ``checkpoint``, ``align``):
+
+- :func:`blockwise` with Python loops over static blocks (every eager library);
+- :func:`blockwise` with the library's own traced loops (JAX: ``lax.map`` over
+  query blocks, ``lax.fori_loop`` over key blocks, ``lax.cond`` for the causal
+  skip), so that a jit compiles one block step;
+- the ring of :func:`relattn.ring_attention`, whose key blocks arrive from the
+  next device instead of from a slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import array_api_compat
+import array_api_extra as xpx
+
+from .backends import backend_for
+from .problem import Problem
+from .shift import unshift
+from .terms import Block, is_static, relative_term, value_slice, visible_mask
+
+__all__ = [
+    "BlockState",
+    "KeyBlock",
+    "block_finish",
+    "block_merge",
+    "block_start",
+    "block_step",
+    "blockwise",
+    "dense_in_query_blocks",
+    "fold_keys",
+    "pair_scores",
+    "query_rows",
+    "rows_of",
+]
+
+
+class BlockState(NamedTuple):
+    """The unnormalised statistics of the online softmax for a block of queries.
+
+    Parameters
+    ----------
+    accumulator : array of shape (..., bq, d_v)
+        ``Σ_j exp(s_ij - peak_i) (v_j + Vʳ[m(i, j)])`` over the keys seen.
+    peak : array of shape (..., bq, 1)
+        The largest score seen per row (``-inf`` while every key seen is
+        masked).
+    total : array of shape (..., bq, 1)
+        ``Σ_j exp(s_ij - peak_i)``.
+
+    See Also
+    --------
+    attention_block : Fold a key block into a state.
+    merge_block_states : Combine two states.
+    finish_block_state : The output of a state.
+
+    Notes
+    -----
+    Milakov & Gimelshein 2018; Dao et al. 2022, algorithm 1: the statistics
+    ``(O, m, ℓ)`` kept per query block.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> from relattn import attention_block
+    >>> state = attention_block(xp.zeros((1, 2)), xp.zeros((3, 2)), xp.ones((3, 1)),
+    ...                         query_start=0, key_start=0, query_length=1, key_length=3)
+    >>> state.total          # three keys, equal scores: exp(0) each
+    array([[3.]])
+    """
+
+    accumulator: Any
+    peak: Any
+    total: Any
+
+
+def _finite_or_zero(peak: Any, xp: Any) -> Any:
+    # A row whose keys are all masked so far has peak -inf: shift it by 0, so that
+    # exp(-inf - 0) = 0 and no inf - inf appears.
+    return xp.where(xp.isfinite(peak), peak, xp.zeros_like(peak))
+
+
+def accumulator_dtype(dtype: Any, xp: Any) -> Any:
+    """float32 for half-precision inputs (float16, bfloat16), else the inputs' dtype."""
+    return xp.float32 if xp.finfo(dtype).bits < 32 else dtype
+
+
+def block_start(shape: tuple[int, ...], dtype: Any, device: Any, xp: Any) -> BlockState:
+    """The state before any key block: zero accumulator ``shape``, peak ``-inf``, total 0."""
+    rows = (*shape[:-1], 1)
+    return BlockState(
+        xp.zeros(shape, dtype=dtype, device=device),
+        xp.full(rows, -math.inf, dtype=dtype, device=device),
+        xp.zeros(rows, dtype=dtype, device=device),
+    )
+
+
+def block_step(
+    state: BlockState, scores: Any, v: Any, xp: Any, *, value_table: Any = None
+) -> BlockState:
+    """Fold one key block into ``state``.
+
+    ``scores (..., bq, bk)`` are the block's finished scores, ``-inf`` where a
+    key is masked; ``v (..., bk, d_v)`` its values; ``value_table
+    (..., w, d_v)`` the block's slice of a value table (``w <= bq + bk - 1``
+    columns of its relative layout), or ``None``. Scores and values are
+    promoted to the state's dtype (float32 accumulators for half-precision
+    inputs).
+    """
+    dtype = state.accumulator.dtype
+    if scores.dtype != dtype:
+        scores = xp.astype(scores, dtype)
+    peak = xp.maximum(state.peak, xp.max(scores, axis=-1, keepdims=True))
+    safe = _finite_or_zero(peak, xp)
+    weights = xp.exp(scores - safe)
+    rescale = xp.exp(state.peak - safe)
+    update = weights @ (v if v.dtype == dtype else xp.astype(v, dtype))
+    if value_table is not None:
+        spread = unshift(weights, xp)[..., : value_table.shape[-2]]
+        table = value_table if value_table.dtype == dtype else xp.astype(value_table, dtype)
+        update = update + spread @ table
+    total = state.total * rescale + xp.sum(weights, axis=-1, keepdims=True)
+    return BlockState(state.accumulator * rescale + update, peak, total)
+
+
+def block_merge(a: BlockState, b: BlockState, xp: Any) -> BlockState:
+    """Two states of the same queries over disjoint key sets, as one state.
+
+    Rows that no key of either set reaches keep a zero accumulator and total.
+    """
+    peak = xp.maximum(a.peak, b.peak)
+    safe = _finite_or_zero(peak, xp)
+    scale_a, scale_b = xp.exp(a.peak - safe), xp.exp(b.peak - safe)
+    return BlockState(
+        a.accumulator * scale_a + b.accumulator * scale_b,
+        peak,
+        a.total * scale_a + b.total * scale_b,
+    )
+
+
+def block_finish(state: BlockState, dtype: Any, xp: Any) -> Any:
+    """The attention output ``accumulator / total``; rows with no key stay exactly 0."""
+    total = state.total
+    out = state.accumulator / xp.where(total > 0, total, xp.ones_like(total))
+    return out if out.dtype == dtype else xp.astype(out, dtype)
+
+
+# -------------------------------------------------------------------------------------------
+# One block pair
+# -------------------------------------------------------------------------------------------
+def pair_scores(
+    p: Problem,
+    q: Any,
+    k: Any,
+    qp: Any,
+    ks: Any,
+    block: Block,
+    *,
+    bias: Any = None,
+    mask: Any = None,
+    key_limit: Any = None,
+) -> Any:
+    """The finished scores of one block pair: content, relative terms, bias; ``-inf`` where masked.
+
+    ``q``, ``k``, ``qp``, ``ks``, ``bias`` and ``mask`` are the block's slices;
+    ``block = (i0, bq, j0, bk)`` its offsets (static or traced). Keys from
+    ``key_limit`` on (padding of a traced loop) are masked.
+    """
+    xp = p.xp
+    s = q @ xp.matrix_transpose(k)
+    term = relative_term(p, qp, ks, block, fill=-math.inf)
+    if term is not None:
+        s = s + term
+    if bias is not None:
+        s = s + bias
+    device = array_api_compat.device(s)
+    # With static offsets a -inf-filled causal term already masks δ > 0.
+    causal = p.causal and not (is_static(block[0], block[2]) and p.masks_itself)
+    visible = visible_mask(p, block, device, causal=causal, key_limit=key_limit)
+    blocked = visible if mask is None else (mask if visible is None else mask & visible)
+    if blocked is not None:
+        s = xp.where(blocked, s, xp.full((), -math.inf, dtype=s.dtype, device=device))
+    return s
+
+
+class KeyBlock(NamedTuple):
+    """One key block as the fold sees it: its first key ``j0`` (static or traced), its
+    keys, values and scaled keys ``ks``, and its columns of the query rows' ``bias``
+    and ``mask``."""
+
+    j0: Any
+    k: Any
+    v: Any
+    ks: Any
+    bias: Any
+    mask: Any
+
+
+def _python_loop(n: int, body: Callable[[int, Any], Any], carry: Any) -> Any:
+    for step in range(n):
+        carry = body(step, carry)
+    return carry
+
+
+def _python_cond(pred: Any, true_fn: Callable[[Any], Any], false_fn: Any, operand: Any) -> Any:
+    return true_fn(operand) if pred else false_fn(operand)
+
+
+def fold_keys(
+    p: Problem,
+    rows: Problem,
+    i0: Any,
+    steps: int,
+    key_block: Callable[[int, Any], tuple[KeyBlock, Any]],
+    source: Any,
+    *,
+    loop: Callable[..., Any] | None = None,
+    cond: Callable[..., Any] | None = None,
+    key_limit: Any = None,
+    state: BlockState | None = None,
+) -> BlockState:
+    """The fold: the query rows ``rows`` (from ``i0``) over ``steps`` key blocks.
+
+    ``key_block(step, source) -> (KeyBlock, source)`` gives each step's block
+    (a slice, or the block at hand on a ring, ``source`` carrying what moves
+    between steps). ``loop(n, body, carry)`` and ``cond(pred, f, g, x)`` are the
+    backend's (``None``: Python's). Under a causal mask, a key block wholly
+    after the query block is skipped. ``state``: the statistics of the keys
+    folded before (default: none).
+    """
+    xp, backend = p.xp, backend_for(p.xp)
+    loop = loop or _python_loop
+    cond = cond or _python_cond
+    bq = rows.q.shape[-2]
+    offset = p.lk - p.lq
+    work = accumulator_dtype(p.dtype, xp)
+    device = array_api_compat.device(rows.q)
+    # Inside JAX's shard_map the state must vary over the mesh axes of what is folded in.
+    inputs = (*p.arrays(), *rows.arrays())
+    if state is None:
+        state = block_start((*p.lead, bq, p.v.shape[-1]), work, device, xp)
+    state = BlockState(*(backend.align(x, inputs) for x in state))
+
+    def body(step: Any, carry: tuple[BlockState, Any]) -> tuple[BlockState, Any]:
+        state, source = carry
+        kb, source = key_block(step, source)
+        block = (i0, bq, kb.j0, kb.k.shape[-2])
+
+        def fold(state: BlockState) -> BlockState:
+            s = pair_scores(
+                p, rows.q, kb.k, rows.qp, kb.ks, block, bias=kb.bias, mask=kb.mask,
+                key_limit=key_limit,
+            )  # fmt: skip
+            return block_step(state, s, kb.v, xp, value_table=value_slice(p, block))
+
+        if p.causal:
+            state = cond(kb.j0 <= i0 + bq - 1 + offset, fold, _unchanged, state)
+        else:
+            state = fold(state)
+        return state, source
+
+    state, _ = loop(steps, body, (state, source))
+    return state
+
+
+def _unchanged(state: BlockState) -> BlockState:
+    return state
+
+
+# -------------------------------------------------------------------------------------------
+# Driving the fold over a whole problem
+# -------------------------------------------------------------------------------------------
+def rows_of(x: Any, start: int, stop: int, axis: int) -> Any:
+    """``x[..., start:stop, (:)]`` along ``axis`` (-2 or -1), unless that axis broadcasts."""
+    if x is None or x.ndim < -axis or x.shape[axis] == 1:
+        return x
+    return x[..., start:stop, :] if axis == -2 else x[..., start:stop]
+
+
+def query_rows(p: Problem, i0: int, i1: int) -> Problem:
+    """The problem restricted to the query rows ``[i0, i1)`` (static), keys and tables whole."""
+    return dataclasses.replace(
+        p,
+        q=rows_of(p.q, i0, i1, -2),
+        qp=rows_of(p.qp, i0, i1, -2),
+        bias=rows_of(p.bias, i0, i1, -2),
+        mask=rows_of(p.mask, i0, i1, -2),
+    )
+
+
+def blockwise(p: Problem, block_size: tuple[int, int]) -> Any:
+    """The problem's attention, a query block and a key block at a time.
+
+    The backend's traced loops run it where it has them (``Backend.fori_loop``:
+    JAX, so that a jit compiles one block step); otherwise Python loops over
+    static blocks. Each query block is recomputed in the backward pass
+    (``Backend.checkpoint``) instead of keeping its key blocks' probabilities:
+    memory ``O(Lq·d + block_size·Lk)`` for gradients too.
+    """
+    if backend_for(p.xp).fori_loop is not None:
+        return _traced_blocks(p, block_size)
+    return _static_blocks(p, block_size, recompute=True)
+
+
+#: Scores computed at once by the dense path of a library that runs one operation at a
+#: time: a block of queries against every key (float32: 64 MiB).
+DENSE_CHUNK_ELEMENTS = 1 << 24
+
+
+def dense_in_query_blocks(p: Problem) -> Any:
+    """The dense path a block of queries at a time, every key at once.
+
+    For libraries that run one operation at a time (``Backend.query_chunks``):
+    the same work as one ``(Lq, Lk)`` softmax, but the relative terms'
+    ``(Lq, W)`` intermediates and the scores exist for one block of queries
+    only, and the causal queries read only the keys they see.
+    """
+    return _static_blocks(p, (dense_chunk(p), max(p.lk, 1)), recompute=False)
+
+
+def dense_chunk(p: Problem) -> int:
+    """The query rows of one chunk of :func:`dense_in_query_blocks`."""
+    per_query = math.prod(p.lead) * p.lk
+    return max(1, min(p.lq, DENSE_CHUNK_ELEMENTS // max(per_query, 1)))
+
+
+def _static_blocks(p: Problem, block_size: tuple[int, int], *, recompute: bool) -> Any:
+    """The eager driver: Python loops over static query and key blocks (the last ones
+    shorter); under a causal mask each query block reads the keys it can see only."""
+    xp, backend = p.xp, backend_for(p.xp)
+    query_block, key_block = block_size
+    offset = p.lk - p.lq
+    outputs = []
+    for i0 in range(0, p.lq, query_block):
+        i1 = min(i0 + query_block, p.lq)
+        # Under a causal mask key j is visible to some query of the block only if
+        # j <= i1 - 1 + offset.
+        last = max(min(p.lk, i1 + offset), 0) if p.causal else p.lk
+        rows = query_rows(p, i0, i1)
+
+        def run(*arrays: Any, rows: Problem = rows, i0: int = i0, last: int = last) -> Any:
+            rows = rows.with_arrays(arrays)
+
+            def key_block_at(step: int, source: None) -> tuple[KeyBlock, None]:
+                j0 = step * key_block
+                j1 = min(j0 + key_block, last)
+                kb = KeyBlock(
+                    j0, rows_of(rows.k, j0, j1, -2), rows_of(rows.v, j0, j1, -2),
+                    rows_of(rows.ks, j0, j1, -2), rows_of(rows.bias, j0, j1, -1),
+                    rows_of(rows.mask, j0, j1, -1),
+                )  # fmt: skip
+                return kb, source
+
+            steps = -(-last // key_block)
+            state = fold_keys(rows, rows, i0, steps, key_block_at, None)
+            return block_finish(state, p.dtype, xp)
+
+        if recompute:
+            outputs.append(backend.checkpoint(run, *rows.arrays()))
+        else:
+            outputs.append(run(*rows.arrays()))
+    return outputs[0] if len(outputs) == 1 else xp.concat(outputs, axis=-2)
+
+
+def _pad(x: Any, axis: int, size: int, xp: Any, value: Any = 0) -> Any:
+    """``x`` padded with ``value`` to ``size`` along ``axis``, unless that axis broadcasts."""
+    if x is None or x.ndim < -axis or x.shape[axis] in (1, size):
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return xpx.pad(x, widths, constant_values=value, xp=xp)
+
+
+def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
+    """The traced driver: the backend's ``map`` over query blocks (each checkpointed) and
+    ``fori_loop`` over key blocks, with traced offsets. Queries and keys are padded to
+    whole blocks; padded keys are masked and padded queries dropped."""
+    xp, backend = p.xp, backend_for(p.xp)
+    slice_at, map_blocks = backend.dynamic_slice, backend.map
+    if slice_at is None or map_blocks is None:
+        raise TypeError(f"backend {backend.name}: fori_loop needs dynamic_slice and map too")
+    bq, bk = min(block_size[0], p.lq), min(block_size[1], p.lk)
+    nq, nk = -(-p.lq // bq), -(-p.lk // bk)
+    rows, cols = nq * bq, nk * bk
+    bias = _pad(_pad(p.bias, -1, cols, xp), -2, rows, xp)
+    padded = dataclasses.replace(
+        p,
+        q=_pad(p.q, -2, rows, xp), qp=_pad(p.qp, -2, rows, xp), k=_pad(p.k, -2, cols, xp),
+        v=_pad(p.v, -2, cols, xp), ks=_pad(p.ks, -2, cols, xp), bias=bias,
+        mask=_pad(_pad(p.mask, -1, cols, xp, False), -2, rows, xp, False),
+    )  # fmt: skip
+    key_limit = p.lk if cols != p.lk else None
+
+    def query_block(iq: Any) -> Any:
+        i0 = iq * bq
+        q_rows = dataclasses.replace(
+            padded,
+            q=slice_at(padded.q, i0, bq, -2), qp=slice_at(padded.qp, i0, bq, -2),
+            bias=slice_at(padded.bias, i0, bq, -2), mask=slice_at(padded.mask, i0, bq, -2),
+        )  # fmt: skip
+
+        def key_block_at(step: Any, source: None) -> tuple[KeyBlock, None]:
+            j0 = step * bk
+            kb = KeyBlock(
+                j0, slice_at(padded.k, j0, bk, -2), slice_at(padded.v, j0, bk, -2),
+                slice_at(padded.ks, j0, bk, -2), slice_at(q_rows.bias, j0, bk, -1),
+                slice_at(q_rows.mask, j0, bk, -1),
+            )  # fmt: skip
+            return kb, source
+
+        state = fold_keys(
+            padded, q_rows, i0, nk, key_block_at, None, loop=backend.fori_loop,
+            cond=backend.cond, key_limit=key_limit,
+        )  # fmt: skip
+        return block_finish(state, p.dtype, xp)
+
+    def recomputed(iq: Any) -> Any:
+        return backend.checkpoint(query_block, iq)
+
+    outputs = map_blocks(recomputed, nq)  # (nq, *lead, bq, d_v)
+    d_v = p.v.shape[-1]
+    out = xp.reshape(xp.moveaxis(outputs, 0, -3), (*p.lead, rows, d_v))
+    return out[..., : p.lq, :]
