@@ -173,7 +173,7 @@ def attention_block(
             )
     shape = (*p.lead, bq, p.v.shape[-1])
     if state is None:
-        state = block_start(shape, accumulator_dtype(p.dtype, xp), array_api_compat.device(q), xp)
+        state = block_start(shape, accumulator_dtype(p.dtype, xp), array_api_compat.device(p.q), xp)
     else:
         _check_state(state, shape)
     sub_q, sub_k = p.block_size or (max(bq, 1), max(bk, 1))

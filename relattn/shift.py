@@ -30,10 +30,12 @@ def extend(x: Any, axis: int, before: int, after: int, xp: Any, fill: float = 0.
     """
     parts = []
     device = array_api_compat.device(x)
+    join = backend_for(xp).join  # a DTensor x takes a replicated block
     for size in (before, after):
         shape = list(x.shape)
         shape[axis] = size
-        parts.append(xp.full(tuple(shape), fill, dtype=x.dtype, device=device) if size else None)
+        block = xp.full(tuple(shape), fill, dtype=x.dtype, device=device) if size else None
+        parts.append(join(block, x))
     pieces = [a for a in (parts[0], x, parts[1]) if a is not None]
     return pieces[0] if len(pieces) == 1 else xp.concat(pieces, axis=axis)
 

@@ -193,9 +193,14 @@ def assert_close(
         np.testing.assert_array_equal(got, want, err_msg=err_msg)
         return
     tol = tolerance(got.dtype if dtype is None else dtype)
-    tol.update({k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None})
     wide = np.complex128 if got.dtype.kind == "c" else np.float64
-    np.testing.assert_allclose(got.astype(wide), want, err_msg=err_msg, **tol)
+    np.testing.assert_allclose(
+        got.astype(wide),
+        want,
+        rtol=tol["rtol"] if rtol is None else rtol,
+        atol=tol["atol"] if atol is None else atol,
+        err_msg=err_msg,
+    )
 
 
 def _as_host(x: Any) -> np.ndarray:

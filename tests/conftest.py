@@ -22,6 +22,8 @@ the ring …) is declared in :mod:`relattn.capabilities`; tests skip with
 Collection leaves out (deselects, counted in pytest's summary) the items that
 cannot run here: those of a GPU target when no GPU is present, and those whose
 dtype parameter names a dtype the target's library lacks (NumPy's bfloat16).
+It also runs ``jit_backend`` tests on PyTorch in float32 only: Dynamo captures
+the same graph whatever the dtype, and each capture takes seconds.
 A CPU target whose library is not installed is skipped at run time, with the
 reason.
 
@@ -35,6 +37,10 @@ Markers (registered in ``pyproject.toml``):
   ``CHECK_TARGETS``. Left out unless ``-m`` names the marker:
   ``-m full_matrix`` runs just those, ``-m "full_matrix or not full_matrix"``
   everything.
+
+JAX: float64 is on (``JAX_ENABLE_X64``), and XLA compiles without LLVM's
+optimisations (see ``_fast_xla_flags``; ``RELATTN_PLAIN_XLA=1`` keeps XLA's
+defaults): compiling dominates the JAX tests' time.
 
 Laziness: a test module that tags relattn's functions with
 :func:`array_api_extra.testing.lazy_xp_function` (and lists ``relattn`` in
@@ -52,12 +58,35 @@ from typing import Any
 # JAX reads this when it is first imported: float64 must be on for the float64 tests.
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
-import numpy as np
-import pytest
-from array_api_extra import testing as xpx_testing
-from hypothesis import HealthCheck, settings
 
-from relattn.testing import Target, selected_targets
+def _fast_xla_flags() -> str:
+    """XLA flags that cut the JAX tests' compile times, which dominate them, by 2 to 3 times.
+
+    LLVM's optimisations off (a flag of every XLA); on jaxlib 0.7 and later, the CPU
+    fusion emitters off too (an XLA that does not know a flag aborts). The compiled
+    programs compute the same operations: the tests' tolerances hold as they do in
+    ``_devices_worker.py``, which sets the same flags. ``RELATTN_PLAIN_XLA=1`` leaves
+    XLA's defaults.
+    """
+    from importlib import metadata
+
+    flags = "--xla_backend_optimization_level=0"
+    try:
+        major, minor = (int(part) for part in metadata.version("jaxlib").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return flags
+    return flags + (" --xla_cpu_use_fusion_emitters=false" if (major, minor) >= (0, 7) else "")
+
+
+if not os.environ.get("RELATTN_PLAIN_XLA"):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_fast_xla_flags()}".strip()
+
+import numpy as np  # noqa: E402 - after the environment above
+import pytest  # noqa: E402 - after the environment above
+from array_api_extra import testing as xpx_testing  # noqa: E402 - after the environment above
+from hypothesis import HealthCheck, settings  # noqa: E402 - after the environment above
+
+from relattn.testing import Target, selected_targets  # noqa: E402 - after the environment above
 
 settings.register_profile(
     "default",
@@ -157,6 +186,9 @@ def _why_not(item: pytest.Item, config: pytest.Config) -> str | None:
         for value in params.values():
             if isinstance(value, str) and not target.has_dtype(value):
                 return f"{target.library} has no {value}"
+    compiled = params.get("jit_backend")
+    if compiled is not None and compiled.is_torch and params.get("dtype") == "float64":
+        return "torch.compile in float32 only (Dynamo captures the same graph in every dtype)"
     return None
 
 

@@ -330,7 +330,11 @@ def test_alibi_slopes_default_namespace():
          TypeError, "distances"),
         (lambda: relattn.relative_bias_matrix(np.zeros(4), 3, 3), ValueError, "values"),
         (lambda: relattn.relative_bias_matrix(np.zeros(()), 3, 3), ValueError, "values"),
-        (lambda: relattn.relative_bias_matrix(np.zeros(5, dtype=np.int64), 3, 3), TypeError, "values"),
+        (
+            lambda: relattn.relative_bias_matrix(np.zeros(5, dtype=np.int64), 3, 3),
+            TypeError,
+            "values",
+        ),
         (lambda: relattn.relative_bias_matrix(np.zeros(5), -1, 3), ValueError, "query_length"),
         (lambda: relattn.relative_bias_matrix(None, 3, 3), TypeError, "values"),
     ],

@@ -65,17 +65,18 @@ def run_world(world: int) -> list[dict]:
                 text=True,
             )
         )
-    reports = []
+    outputs = []
     try:
-        for rank, process in enumerate(processes):
-            stdout, stderr = process.communicate(timeout=300)
-            assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
-            reports.append(json.loads(stdout.strip().splitlines()[-1]))
-    finally:
         for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            outputs.append(process.communicate(timeout=300))
+    finally:
+        for process in processes[len(outputs) :]:
+            process.kill()
+            process.communicate()  # reaps it and closes its pipes
+    reports = []
+    for rank, (process, (stdout, stderr)) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
+        reports.append(json.loads(stdout.strip().splitlines()[-1]))
     return reports
 
 
