@@ -223,14 +223,18 @@ def choice(name: str, value: Any, options: tuple[str | None, ...]) -> Any:
 
 def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """The broadcast of ``shapes`` (array API rules), or ``None`` where they do not broadcast."""
+    shapes = tuple(tuple(shape) for shape in shapes)
     first = shapes[0]
     if all(shape == first for shape in shapes):
         return first
     ndim = max(len(shape) for shape in shapes)
     result = []
     for axis in range(-ndim, 0):
-        sizes = {shape[axis] for shape in shapes if len(shape) >= -axis} - {1}
-        if len(sizes) > 1:
-            return None
-        result.append(sizes.pop() if sizes else 1)
+        size = 1
+        for shape in shapes:
+            if len(shape) >= -axis and shape[axis] != 1:
+                if size != 1 and shape[axis] != size:
+                    return None
+                size = shape[axis]
+        result.append(size)
     return tuple(result)
