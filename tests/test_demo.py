@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from relattn import testing
 from relattn.__main__ import main
 from relattn.backends import MODULES
 from relattn.demo import (
@@ -17,8 +18,8 @@ from relattn.demo import (
     Config,
     byte_tokens,
     config_problem,
-    default_device,
     demo,
+    demo_target,
     exceeds,
     find_backends,
     zen_of_python,
@@ -341,15 +342,16 @@ def test_find_backends_reports_why_it_skips():
         assert "\n" not in reason
 
 
-def test_default_device_falls_back_to_cpu_and_says_why_not():
-    from relattn.backends import Backend
+def test_demo_target_falls_back_to_cpu_and_says_why_not(monkeypatch):
+    import relattn.demo.runner as runner
 
-    def gpu_only(kind):
-        raise LookupError(f"no {kind} here")
-
-    assert default_device(Backend("numpy", "numpy", "numpy")) is None
-    with pytest.raises(LookupError, match="no gpu here"):
-        default_device(Backend("x", "x", "x", device=gpu_only))
+    assert demo_target("numpy").name == "numpy"
+    torch_target = demo_target("torch")
+    assert torch_target.name in ("torch_cuda", "torch") and torch_target.unavailable is None
+    monkeypatch.setitem(runner.TARGETS, "cupy", ("cupy",))
+    if testing.target("cupy").unavailable is not None:
+        with pytest.raises((ImportError, LookupError)):
+            demo_target("cupy")
 
 
 def test_info_lists_backends(capsys):

@@ -1,4 +1,4 @@
-"""The record of what one array library can do beyond the array API standard."""
+"""The record of what one array library offers beyond the array API standard."""
 
 from __future__ import annotations
 
@@ -19,82 +19,30 @@ def _always(x: Any) -> bool:
     return True
 
 
-def _never(x: Any) -> bool:
-    return False
-
-
-def _host_copy(x: Any) -> Any:
-    import numpy as np
-
-    # DLPack reaches NumPy from any CPU array-API library, strict ones included.
-    return np.asarray(x) if isinstance(x, np.ndarray) else np.from_dlpack(x)
-
-
-def host_only(library: str) -> Callable[[str], Any]:
-    """``Backend.device`` of a library whose arrays live in host memory only."""
-
-    def device(kind: str) -> Any:
-        if kind == "cpu":
-            return None
-        raise LookupError(f"{library} has no {kind} device: its arrays live in host memory")
-
-    return device
-
-
-_HOST_ONLY = host_only("this library")
-
-
 @dataclass(frozen=True)
 class Backend:
-    """Library-specific capabilities and operations.
+    """What the array API standard lacks, for one array library: runtime facts only.
 
-    relattn's own code, its tests and its benchmarks all use this one record
-    (found with :func:`relattn.backends.backend_for` or
-    :func:`relattn.backends.load`), so that library-specific code lives in
-    :mod:`relattn.backends` only.
+    relattn's algorithms (the core, the block fold, the ring) are written once
+    against the standard and ask :func:`relattn.backends.backend_for` for this
+    record where they need more: a primitive (a traced loop, a collective), a
+    kernel, or a fact about the arrays. The test and benchmark harness (host
+    copies, devices, compilers, memory counters) is :mod:`relattn.testing`'s.
 
     Attributes
     ----------
     name : str
-        Short name of the backend (``"numpy"``, ``"torch"``, ``"jax"`` …).
-    library : str
-        Import name of the array library, for version look-ups.
-    module : str
-        The module a user passes as ``xp=`` (``"numpy"``, ``"torch"``,
-        ``"jax.numpy"``, ``"cupy"``, ``"dask.array"``, ``"array_api_strict"``).
+        Short name of the library (``"numpy"``, ``"torch"``, ``"jax"`` …), for
+        messages.
     stop_gradient : callable
         ``x -> x`` cut from the autograd graph (identity where the library has
         no autograd).
     has_values : callable
         ``x -> bool``: the values of ``x`` can be read now (False for JAX
         tracers under a jit and for Dask graphs), so checks may look at them.
-    from_host : callable
-        ``(a, device=None, chunks=None) -> x``: NumPy array ``a`` copied to
-        this library's array on ``device`` (the library's default for
-        ``None``), dtype kept. ``chunks`` is Dask's chunking (one chunk by
-        default) and ignored elsewhere.
-    to_host : callable
-        ``x -> numpy.ndarray``: a host copy, waiting for the device or graph
-        (bfloat16 becomes float32).
-    ready : callable
-        ``x -> x`` once its computation has finished: waits for the device
-        (JAX's asynchronous dispatch, a CUDA stream) or computes a Dask graph
-        (returning the NumPy result). For timing.
     materialize : callable
         ``x -> x`` computed now (Dask ``persist``), so that a cache such as a
         segment memory does not drag its whole history along.
-    jit : callable
-        ``fn -> fn`` compiled by the library's tracing jit (``jax.jit``), or
-        ``fn`` itself where compiling is not the library's default way to run
-        (PyTorch runs eagerly).
-    compile : callable or None
-        ``(fn, **options) -> fn`` compiled whole, with static shapes:
-        ``jax.jit`` or ``torch.compile(fullgraph=True)`` (a graph break is an
-        error); ``None`` where the library has no compiler.
-    device : callable
-        ``kind -> device`` for ``kind`` ``"cpu"`` or ``"gpu"``: the library's
-        device object of that kind (``None`` where the library has a single
-        implicit device), or ``LookupError`` saying why there is none.
     query_chunks : bool
         The generic dense path runs a block of queries at a time
         (:func:`relattn.fold.dense_in_query_blocks`): right for libraries
@@ -157,17 +105,9 @@ class Backend:
     """
 
     name: str
-    library: str
-    module: str
     stop_gradient: Callable[[Any], Any] = _identity
     has_values: Callable[[Any], bool] = _always
-    from_host: Callable[..., Any] = _identity
-    to_host: Callable[[Any], Any] = _host_copy
-    ready: Callable[[Any], Any] = _identity
     materialize: Callable[[Any], Any] = _identity
-    jit: Callable[[Any], Any] = _identity
-    compile: Callable[..., Any] | None = None
-    device: Callable[[str], Any] = _HOST_ONLY
     query_chunks: bool = True
     checkpoint: Callable[..., Any] = _call
     fori_loop: Callable[..., Any] | None = None
@@ -178,6 +118,5 @@ class Backend:
     collective: Any = None
     join: Callable[..., Any] = _identity
     fused_attention: Callable[..., Any] | None = None
-    peak_device_bytes: Callable[[Callable[[], Any], Any], int] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
     takes_blockwise: Callable[[Any], bool] = _always

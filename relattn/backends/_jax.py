@@ -1,4 +1,4 @@
-"""JAX: immutable arrays, traced under ``jax.jit``, ``lax.stop_gradient``; cuDNN attention."""
+"""JAX: traced loops and branches, checkpoints, the ring's collective inside ``shard_map``, cuDNN."""
 
 from __future__ import annotations
 
@@ -17,58 +17,6 @@ def _has_values(x: Any) -> bool:
     import jax
 
     return not isinstance(x, jax.core.Tracer)
-
-
-def _from_host(a: Any, device: Any = None, chunks: Any = None) -> Any:
-    import jax
-    import numpy as np
-
-    return jax.device_put(np.array(a, copy=True), device)
-
-
-def _to_host(x: Any) -> Any:
-    import numpy as np
-
-    return np.asarray(x)
-
-
-def _ready(x: Any) -> Any:
-    import jax
-
-    return jax.block_until_ready(x)
-
-
-def _jit(fn: Any, **options: Any) -> Any:
-    import jax
-
-    return jax.jit(fn, **options)
-
-
-def _device(kind: str) -> Any:
-    import jax
-
-    try:
-        return jax.devices(kind)[0]
-    except RuntimeError:
-        raise LookupError(f"jax has no {kind.upper()} device") from None
-
-
-def _peak_device_bytes(fn: Any, device: Any) -> int:
-    """XLA's ``peak_bytes_in_use`` on ``device`` after ``fn()``, over ``bytes_in_use`` before.
-
-    XLA keeps one peak per process and cannot reset it: the largest call made
-    before on the same device shows through where it exceeds this one's.
-    """
-    import jax
-
-    device = jax.devices()[0] if device is None else device
-    stats = device.memory_stats()
-    if not stats:
-        raise LookupError(f"jax keeps no memory statistics on {device}")
-    before = stats.get("bytes_in_use", 0)
-    _ready(fn())
-    peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
-    return max(peak - before, 0)
 
 
 def dot_product_attention(
@@ -238,16 +186,8 @@ def _cudnn_or_xla(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float)
 
 BACKEND = Backend(
     name="jax",
-    library="jax",
-    module="jax.numpy",
     stop_gradient=_stop_gradient,
     has_values=_has_values,
-    from_host=_from_host,
-    to_host=_to_host,
-    ready=_ready,
-    jit=_jit,
-    compile=_jit,
-    device=_device,
     query_chunks=False,
     checkpoint=_checkpoint,
     fori_loop=_fori_loop,
@@ -257,5 +197,4 @@ BACKEND = Backend(
     align=_align,
     collective=_Collective,
     fused_attention=_fused_attention,
-    peak_device_bytes=_peak_device_bytes,
 )

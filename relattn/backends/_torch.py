@@ -19,34 +19,6 @@ def _has_values(x: Any) -> bool:
     return not torch.compiler.is_compiling()
 
 
-def _from_host(a: Any, device: Any = None, chunks: Any = None) -> Any:
-    import numpy as np
-    import torch
-
-    return torch.from_numpy(np.array(a, copy=True)).to(device=device or "cpu")
-
-
-def _to_host(x: Any) -> Any:
-    import torch
-
-    x = x.detach().cpu()
-    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
-
-
-def _ready(x: Any) -> Any:
-    import torch
-
-    if getattr(x, "is_cuda", False):
-        torch.cuda.synchronize(x.device)
-    return x
-
-
-def _compile(fn: Any, **options: Any) -> Any:
-    import torch
-
-    return torch.compile(fn, fullgraph=True, **options)
-
-
 def _checkpoint(fn: Any, *args: Any) -> Any:
     """``fn(*args)``; under autograd, recomputed in the backward pass instead of kept."""
     import torch
@@ -59,33 +31,6 @@ def _checkpoint(fn: Any, *args: Any) -> Any:
     from torch.utils.checkpoint import checkpoint
 
     return checkpoint(fn, *args, use_reentrant=False)
-
-
-def _device(kind: str) -> Any:
-    import torch
-
-    if kind == "cpu":
-        return torch.device("cpu")
-    if kind == "gpu":
-        if not torch.cuda.is_available():
-            raise LookupError("torch has no CUDA device")
-        return torch.device("cuda")
-    raise LookupError(f"unknown device kind {kind!r}")
-
-
-def _peak_device_bytes(fn: Any, device: Any) -> int:
-    """The CUDA caching allocator's peak while ``fn()`` runs, reset just before."""
-    import torch
-
-    device = torch.device("cuda" if device is None else device)
-    if device.type != "cuda":
-        raise LookupError(f"torch counts device memory on CUDA devices, not on {device}")
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:
@@ -157,18 +102,10 @@ def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: floa
 
 BACKEND = Backend(
     name="torch",
-    library="torch",
-    module="torch",
     stop_gradient=_stop_gradient,
     has_values=_has_values,
-    from_host=_from_host,
-    to_host=_to_host,
-    ready=_ready,
-    compile=_compile,
-    device=_device,
     checkpoint=_checkpoint,
     fused_attention=_fused_attention,
-    peak_device_bytes=_peak_device_bytes,
     takes_blockwise=lambda x: not _is_dtensor(x),
     join=_join,
 )

@@ -11,8 +11,8 @@ and biases, per-pair rotations, unchunked logits), and times each segment.
 ``check=`` and ``check_segments=`` skip or shorten the two comparisons, and
 ``progress=True`` draws a progress bar per run on standard error.
 
-The backends are those of :data:`relattn.backends.MODULES`, loaded with
-:func:`relattn.backends.load`.
+The backends are those of :data:`relattn.backends.MODULES`, each run by
+:func:`demo_target` on their GPU where they have one (:mod:`relattn.testing`).
 """
 
 from .models import SCHEMES, Config, TransformerXLEncoder
@@ -22,8 +22,8 @@ from .runner import (
     WITH_MEMORY,
     byte_tokens,
     config_problem,
-    default_device,
     demo,
+    demo_target,
     exceeds,
     find_backends,
     progress_bar,
@@ -41,8 +41,8 @@ __all__ = [
     "TransformerXLEncoder",
     "byte_tokens",
     "config_problem",
-    "default_device",
     "demo",
+    "demo_target",
     "exceeds",
     "find_backends",
     "progress_bar",

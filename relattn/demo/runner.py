@@ -17,7 +17,8 @@ import array_api_compat
 import numpy as np
 from tqdm import tqdm
 
-from ..backends import Backend, backend_for, load, namespace_of_module
+from .. import testing
+from ..backends import MODULES, backend_for
 from .models import SCHEMES, Config, Encoder, MemoryEncoder
 
 #: The release tolerances, per dtype, on unit-scale data: (rtol, atol).
@@ -57,15 +58,18 @@ def run(
     tokens: np.ndarray,
     naive: bool = False,
     progress: Progress | None = None,
+    target: testing.Target | None = None,
 ) -> tuple[np.ndarray, list]:
     """Encode ``tokens`` segment by segment; the host output and seconds per segment.
 
     ``progress``, if given, wraps the iterable of segment starts (a progress
-    bar); it is not timed.
+    bar); it is not timed. ``target``: the library and device the encoder runs
+    on (its jit, its host copies); NumPy's by default.
     """
+    target = target or testing.target("numpy")
     backend = backend_for(encoder.xp)
     # ``start`` is an argument, so that a jit traces it rather than compiling each value in
-    step = backend.jit(lambda h, mems, start: encoder.step(h, mems, naive, start))
+    step = target.default_jit(lambda h, mems, start: encoder.step(h, mems, naive, start))
     memories: list = [None] * len(encoder.layers)
     outputs, times = [], []
     starts = range(0, len(tokens), encoder.config.segment)
@@ -74,24 +78,39 @@ def run(
         tic = time.perf_counter()
         out, memories = step(h, memories, start)
         memories = [m if m is None else backend.materialize(m) for m in memories]
-        outputs.append(backend.to_host(out))
+        outputs.append(target.to_host(out))
         times.append(time.perf_counter() - tic)
     return np.concatenate(outputs), times
 
 
-def default_device(backend: Backend) -> Any:
-    """The backend's GPU where it has one, else its CPU.
+#: The demo's backends (the keys of :data:`relattn.backends.MODULES`) -> the
+#: :mod:`relattn.testing` targets each runs on, its GPU first.
+TARGETS = {
+    "numpy": ("numpy",),
+    "array_api_strict": ("array_api_strict",),
+    "torch": ("torch_cuda", "torch"),
+    "jax": ("jax_gpu", "jax"),
+    "cupy": ("cupy",),
+    "dask": ("dask",),
+}
 
-    Raises ``LookupError`` with the reason when it has neither (CuPy without a
-    CUDA device).
+
+def demo_target(name: str) -> testing.Target:
+    """The target backend ``name`` runs on: its GPU where it has one, else its CPU.
+
+    Raises ``ImportError`` where the library does not import and ``LookupError``
+    with the reason where none of its targets can run (CuPy without a CUDA
+    device).
     """
-    try:
-        return backend.device("gpu")
-    except LookupError as no_gpu:
-        try:
-            return backend.device("cpu")
-        except LookupError:
-            raise no_gpu from None
+    import importlib
+
+    importlib.import_module(MODULES[name])
+    reasons = []
+    for found in map(testing.target, TARGETS[name]):
+        if found.unavailable is None:
+            return found
+        reasons.append(found.unavailable)
+    raise LookupError("; ".join(reasons))
 
 
 def _one_line(error: Exception) -> str:
@@ -101,22 +120,20 @@ def _one_line(error: Exception) -> str:
 def find_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
     """The backends of ``names`` the demo can run, and why it cannot run the others.
 
-    A backend is usable when its library imports (:func:`relattn.backends.load`)
-    and :func:`default_device` finds it a device; the reasons read as
+    A backend is usable when its library imports and :func:`demo_target`
+    finds it a target; the reasons read as
     ``"not installed (No module named 'cupy')"`` or ``"no usable device (…)"``.
     """
     found, skipped = [], {}
     for name in names:
         try:
-            _, backend = load(name)
+            demo_target(name)
         except ModuleNotFoundError as e:
             skipped[name] = f"not installed ({_one_line(e)})"
             continue
         except ImportError as e:
             skipped[name] = f"cannot be imported ({_one_line(e)})"
             continue
-        try:
-            default_device(backend)
         except LookupError as e:
             skipped[name] = f"no usable device ({_one_line(e)})"
             continue
@@ -273,7 +290,7 @@ def demo(
     config = Config() if config is None else config
     schemes = list(SCHEMES) if schemes is None else schemes
     tokens = byte_tokens(text)
-    numpy_xp = namespace_of_module(None)
+    numpy_xp = testing.target("numpy").xp
     segments = math.ceil(len(tokens) / config.segment)
     checked = segments if check_segments is None else min(check_segments, segments)
     checked_tokens = tokens[: checked * config.segment]
@@ -305,12 +322,17 @@ def demo(
                 progress=bar(f"{scheme} on numpy: float64 reference"),
             )
         for name in backends:
-            lib, backend = load(name)
-            xp = namespace_of_module(lib)
-            encoder = model(config, xp, getattr(xp, dtype), default_device(backend))
+            target = demo_target(name)
+            xp = target.xp
+            encoder = model(config, xp, getattr(xp, dtype), target.device)
             # warm up: imports, jit compilation
-            run(encoder, tokens[: config.segment], progress=bar(f"{scheme} on {name}: warm-up"))
-            result, times = run(encoder, tokens, progress=bar(f"{scheme} on {name}: relattn"))
+            run(
+                encoder, tokens[: config.segment], progress=bar(f"{scheme} on {name}: warm-up"),
+                target=target,
+            )  # fmt: skip
+            result, times = run(
+                encoder, tokens, progress=bar(f"{scheme} on {name}: relattn"), target=target
+            )
             result = result[: len(checked_tokens)]
             columns, passed = [], True
             if with_reference:
@@ -324,6 +346,7 @@ def demo(
                     checked_tokens,
                     naive=True,
                     progress=bar(f"{scheme} on {name}: naive twin"),
+                    target=target,
                 )
                 columns.append(f"{float(np.max(np.abs(result - naive))):>19.2e}")
                 passed &= exceeds(result, naive, dtype) <= 0
