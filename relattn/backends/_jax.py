@@ -1,4 +1,4 @@
-"""JAX: traced loops and branches, checkpoints, the ring's collective inside ``shard_map``, cuDNN."""
+"""JAX: traced loops and branches, checkpoints, the ring's collective (``shard_map``), cuDNN."""
 
 from __future__ import annotations
 
