@@ -133,6 +133,11 @@ _REAL_FLOATING: dict[tuple[str, Any], bool] = {}
 
 
 def _is_real_floating(xp: ModuleType, dtype: Any) -> bool:
+    if isinstance(dtype, np.dtype) and dtype.kind != "V":
+        # NumPy's own dtypes (NumPy, CuPy, Dask, JAX) say it themselves; no dict key, which
+        # torch.compile cannot hash on every torch relattn admits (2.11). ml_dtypes'
+        # bfloat16 (kind "V") asks the namespace.
+        return dtype.kind == "f"
     key = (xp.__name__, dtype)
     found = _REAL_FLOATING.get(key)
     if found is None:

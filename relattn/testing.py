@@ -385,7 +385,8 @@ class _Torch(_Library):
         if kind == "cpu":
             return torch.device("cpu")
         if kind == "gpu" and torch.cuda.is_available():
-            return torch.device("cuda")
+            # The concrete device ("cuda:0"), as arrays made on it report theirs.
+            return torch.device("cuda", torch.cuda.current_device())
         raise LookupError(f"torch has no {kind} device" + (" (CUDA)" if kind == "gpu" else ""))
 
     def from_host(self, a: np.ndarray, device: Any, chunks: Any) -> Any:
