@@ -33,6 +33,11 @@ Markers (registered in ``pyproject.toml``):
   process group) or Inductor's C++ build; minutes. ``-m "not subprocess"``
   leaves them out; CI runs them.
 - ``slow``: takes more than a few seconds.
+- ``grid``: a numerical check over a grid of parameters (shapes, radii, modes,
+  dtypes). On JAX and Dask (``SLOW_TARGETS``), where each new shape costs a
+  compile or a task graph, collection keeps a pairwise cover of the grid: every
+  two values of every two parameters appear together once. The other targets run
+  the whole grid.
 - ``full_matrix``: the bad-input checks on the targets beyond
   ``CHECK_TARGETS``. Left out unless ``-m`` names the marker:
   ``-m full_matrix`` runs just those, ``-m "full_matrix or not full_matrix"``
@@ -198,6 +203,38 @@ def _why_not(item: pytest.Item, config: pytest.Config) -> str | None:
     return None
 
 
+#: Targets where each new shape costs a compile (JAX, its functions under ``jax.jit``) or a
+#: task graph (Dask): a test marked ``grid`` runs a covering subset of its grid there.
+SLOW_TARGETS = ("jax", "jax_gpu", "dask")
+
+
+def _covered(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items of ``grid`` tests on ``SLOW_TARGETS`` that add no new pair of parameter values.
+
+    Per test function and target, in collection order, an item is kept when it brings a
+    pair of parameter values (``dtype="float64"`` with ``radius=0``, say) that no kept item
+    has yet: every value of every parameter, and every two values of two parameters, run
+    on each slow target, and the whole grid on the others.
+    """
+    seen: dict[tuple[str, str], set[tuple[tuple[str, str], ...]]] = {}
+    redundant = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or item.get_closest_marker("grid") is None:
+            continue
+        targets = [p.name for p in callspec.params.values() if isinstance(p, Target)]
+        if not any(name in SLOW_TARGETS for name in targets):
+            continue
+        values = sorted((name, repr(value)) for name, value in callspec.params.items()
+                        if not isinstance(value, Target))  # fmt: skip
+        pairs = {(a, b) for i, a in enumerate(values) for b in values[i + 1 :]} or {tuple(values)}
+        covered = seen.setdefault((item.originalname, targets[0]), set())
+        if pairs <= covered:
+            redundant.append(item)
+        covered |= pairs
+    return redundant
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kept, left_out = [], []
     for item in items:
@@ -207,6 +244,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             left_out.append(item)
             _DESELECTED[why] = _DESELECTED.get(why, 0) + 1
+    redundant = _covered(kept)
+    if redundant:
+        why = f"grid: pairwise cover on {', '.join(SLOW_TARGETS)}"
+        _DESELECTED[why] = len(redundant)
+        left_out += redundant
+        dropped = set(redundant)
+        kept = [item for item in kept if item not in dropped]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept

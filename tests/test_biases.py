@@ -176,6 +176,7 @@ SHAPES = [(4, 4), (3, 5), (5, 3), (1, 4), (4, 1)]
 SHAPE_IDS = ["self", "memory", "lq>lk", "one-query", "one-key"]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("layout", ["full", "causal"])
 @pytest.mark.parametrize(("lq", "lk"), SHAPES, ids=SHAPE_IDS)
 def test_relative_bias_matches_pair_definition(backend, dtype, rng, lq, lk, layout):

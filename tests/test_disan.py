@@ -170,6 +170,7 @@ def _padding(backend, lengths, length=L):
 # ===============================================================================================
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("fused", [False, True], ids=["s", "fused"])
 @pytest.mark.parametrize("direction", [None, "forward", "backward", "diag"])
 def test_token2token_matches_loop(backend, dtype, rng, direction, fused):

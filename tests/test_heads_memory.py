@@ -131,6 +131,7 @@ def _memory_loop(memory, hidden, m):
     return np.stack(kept, axis=-2) if kept else np.zeros(shape)
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("lead", [(), (2, 2)])
 @pytest.mark.parametrize(("m_old", "length", "m"), [(3, 2, 3), (3, 2, 4), (2, 3, 1), (1, 2, 0)])
 def test_update_memory(backend, dtype, rng, lead, m_old, length, m):

@@ -103,6 +103,7 @@ def _window_loop(lq, lk, window):
     return out
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("window", [0, 1, 2, 50])
 @pytest.mark.parametrize(("lq", "lk"), [(5, 5), (2, 6), (6, 3), (1, 1)])
 def test_local_window_mask(backend, xp_arg, lq, lk, window):
@@ -149,6 +150,7 @@ def _disan_loop(length, kind):
 DISAN = {"forward": "forward_mask", "backward": "backward_mask", "diag": "diagonal_disabled_mask"}
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("length", [1, 2, 5, 6])
 @pytest.mark.parametrize("kind", sorted(DISAN))
 def test_disan_masks(backend, xp_arg, kind, length):

@@ -143,6 +143,7 @@ SHAPES = [(4, 4), (3, 5), (5, 3)]
 SHAPE_IDS = ["self", "memory", "lq>lk"]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("out_of_range", ["clip", "zero"])
 @pytest.mark.parametrize("radius", [0, 1, 2, 9], ids=["K0", "K1", "K2", "K-beyond"])
 @pytest.mark.parametrize(("lq", "lk"), SHAPES, ids=SHAPE_IDS)

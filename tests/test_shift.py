@@ -162,6 +162,7 @@ def test_shift_of_unshift_is_identity(backend, dtype):
     check()
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize(("lq", "lk"), [(1, 1), (1, 5), (5, 1), (4, 4), (6, 3), (3, 7)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_rel_shift_edge_lengths(backend, dtype, lq, lk, causal):
