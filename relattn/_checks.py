@@ -133,11 +133,11 @@ _REAL_FLOATING: dict[tuple[str, Any], bool] = {}
 
 
 def _is_real_floating(xp: ModuleType, dtype: Any) -> bool:
-    if isinstance(dtype, np.dtype) and dtype.kind != "V":
-        # NumPy's own dtypes (NumPy, CuPy, Dask, JAX) say it themselves; no dict key, which
-        # torch.compile cannot hash on every torch relattn admits (2.11). ml_dtypes'
-        # bfloat16 (kind "V") asks the namespace.
-        return dtype.kind == "f"
+    if isinstance(dtype, np.dtype):
+        # NumPy's dtypes (NumPy, CuPy, Dask, JAX; ml_dtypes' bfloat16 and float8 kinds are
+        # "V") say it themselves: no dict key, which torch.compile cannot hash on every
+        # torch relattn admits (2.11 sees its bfloat16 as one).
+        return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
     key = (xp.__name__, dtype)
     found = _REAL_FLOATING.get(key)
     if found is None:
