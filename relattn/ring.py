@@ -64,8 +64,6 @@ def ring_attention(
         The whole sequence's position-to-content table (DeBERTa's p2c).
     value_table : array of shape (..., W, d_v), real floating, optional
         The whole sequence's value table (Shaw et al.).
-    relative_bias : array of shape (..., W), real floating, optional
-        The whole sequence's per-distance bias (T5, ALiBi).
     mask : array, bool, optional
         ``True`` = may attend, broadcastable to the **whole** scores
         ``(..., Lq, Lk)`` (e.g. a key-padding mask ``(B, 1, 1, Lk)``),
@@ -73,6 +71,8 @@ def ring_attention(
     bias : array, real floating, optional
         Added to the scaled scores; broadcastable to the **whole** scores,
         replicated; each step slices its block.
+    relative_bias : array of shape (..., W), real floating, optional
+        The whole sequence's per-distance bias (T5, ALiBi).
     causal : bool, optional
         Mask ``δ > 0``. The steps whose key block lies wholly after this
         device's queries are skipped (``lax.cond``): less work, not less time,

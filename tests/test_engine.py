@@ -161,9 +161,11 @@ def test_ring_bias_and_block_size():
     """``ring_attention(bias=, block_size=)`` on 4 host devices equals one device, gradients
     too (a fresh process: the device count is fixed when JAX starts)."""
     pytest.importorskip("jax")
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     import os
 
+    # conftest's XLA flags (compile-time savings) as well, beside the device count.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    env = {"XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(RING)], env={**os.environ, **env},
         capture_output=True, text=True, timeout=300, check=False,

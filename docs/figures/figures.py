@@ -361,7 +361,7 @@ def demo_attention_maps() -> None:
     q, k = enc.heads(h @ p["w_q"]), enc.heads(h @ p["w_k"])
     zeros = np.zeros((2 * config.radius + 1, length))
     maps[f"Shaw (K = {config.radius})"] = relattn.shaw_attention(
-        q, k, eye(length), p["key_table"], zeros
+        q, k, eye(length), p["key_embeddings"], zeros
     )
 
     enc = models.TransformerXLEncoder(config, xp, xp.float64)
