@@ -26,8 +26,10 @@ from .fold import (
     block_merge,
     block_start,
     fold_keys,
+    key_slice,
     query_rows,
     rows_of,
+    static_slice,
 )
 from .problem import Problem
 
@@ -185,13 +187,7 @@ def attention_block(
 
         def key_block_at(step: int, source: None, rows: Problem = rows) -> tuple[KeyBlock, None]:
             a = step * sub_k
-            b = min(a + sub_k, bk)
-            kb = KeyBlock(
-                key_start + a, rows_of(p.k, a, b, -2), rows_of(p.v, a, b, -2),
-                rows_of(p.ks, a, b, -2), rows_of(rows.bias, a, b, -1),
-                rows_of(rows.mask, a, b, -1),
-            )  # fmt: skip
-            return kb, source
+            return key_slice(p, rows, key_start + a, a, min(sub_k, bk - a), static_slice), source
 
         start = BlockState(*(rows_of(x, r0, r1, -2) for x in state))
         states.append(

@@ -42,9 +42,11 @@ __all__ = [
     "blockwise",
     "dense_in_query_blocks",
     "fold_keys",
+    "key_slice",
     "pair_scores",
     "query_rows",
     "rows_of",
+    "static_slice",
 ]
 
 
@@ -209,6 +211,27 @@ class KeyBlock(NamedTuple):
     mask: Any
 
 
+def key_slice(
+    keys: Problem, rows: Problem, j0: Any, start: Any, size: int, cut: Callable[..., Any]
+) -> KeyBlock:
+    """The key block ``[start, start + size)`` of ``keys``' ``k``, ``v`` and ``ks`` and of
+    ``rows``' ``bias`` and ``mask`` columns, whose first key is ``j0`` in the whole problem.
+
+    ``cut(x, start, size, axis)`` slices one array (:func:`static_slice`, or a backend's
+    ``dynamic_slice`` for a traced ``start``).
+    """
+    return KeyBlock(
+        j0, cut(keys.k, start, size, -2), cut(keys.v, start, size, -2),
+        cut(keys.ks, start, size, -2), cut(rows.bias, start, size, -1),
+        cut(rows.mask, start, size, -1),
+    )  # fmt: skip
+
+
+def static_slice(x: Any, start: int, size: int, axis: int) -> Any:
+    """``x[start : start + size]`` along ``axis`` (-2 or -1) for a static ``start``."""
+    return rows_of(x, start, start + size, axis)
+
+
 def _python_loop(n: int, body: Callable[[int, Any], Any], carry: Any) -> Any:
     for step in range(n):
         carry = body(step, carry)
@@ -356,13 +379,8 @@ def _static_blocks(p: Problem, block_size: tuple[int, int], *, recompute: bool) 
 
             def key_block_at(step: int, source: None) -> tuple[KeyBlock, None]:
                 j0 = step * key_block
-                j1 = min(j0 + key_block, last)
-                kb = KeyBlock(
-                    j0, rows_of(rows.k, j0, j1, -2), rows_of(rows.v, j0, j1, -2),
-                    rows_of(rows.ks, j0, j1, -2), rows_of(rows.bias, j0, j1, -1),
-                    rows_of(rows.mask, j0, j1, -1),
-                )  # fmt: skip
-                return kb, source
+                size = min(key_block, last - j0)
+                return key_slice(rows, rows, j0, j0, size, static_slice), source
 
             steps = -(-last // key_block)
             state = fold_keys(rows, rows, i0, steps, key_block_at, None)
@@ -414,12 +432,7 @@ def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
 
         def key_block_at(step: Any, source: None) -> tuple[KeyBlock, None]:
             j0 = step * bk
-            kb = KeyBlock(
-                j0, slice_at(padded.k, j0, bk, -2), slice_at(padded.v, j0, bk, -2),
-                slice_at(padded.ks, j0, bk, -2), slice_at(q_rows.bias, j0, bk, -1),
-                slice_at(q_rows.mask, j0, bk, -1),
-            )  # fmt: skip
-            return kb, source
+            return key_slice(padded, q_rows, j0, j0, bk, slice_at), source
 
         state = fold_keys(
             padded, q_rows, i0, nk, key_block_at, None, loop=backend.fori_loop,
