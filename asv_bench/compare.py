@@ -269,6 +269,48 @@ def dispatch(names: list[str], quick: bool) -> list[Row]:
     return rows
 
 
+def decode(names: list[str], repeats: int) -> list[Row]:
+    """A decode step (``Lq = 1``) at ``Lk`` = 8 192 and 65 536 and a chunk of prefill
+    (``Lq = 256`` against 8 192 keys): Transformer-XL terms (causal layout, per-head table,
+    ``u``, ``v``), B = 1, H = 8, d = 64, float32, against the faster of the two ways to
+    write it by hand (``matmul`` of a transposed ``k``, or ``einsum``)."""
+    rows = []
+    rng = np.random.default_rng(3)
+    for name in names:
+        backend = common.get_backend(name)
+        ours_fn = common.relattn_function("relative_attention", backend)
+        by_matmul = native.native("relative_attention", backend)
+        by_einsum = native.native("relative_attention_einsum", backend)
+        for lq, lk in ((1, 8192), (1, 65536), (256, 8192)):
+            shapes = {"q": (1, 8, lq, 64), "k": (1, 8, lk, 64), "v": (1, 8, lk, 64),
+                      "table": (8, lk, 64), "u": (8, 1, 64), "pos": (8, 1, 64)}  # fmt: skip
+            a = {n: backend.asarray(rng.normal(size=s).astype(np.float32))
+                 for n, s in shapes.items()}  # fmt: skip
+            args = (a["q"], a["k"], a["v"], a["table"], a["u"], a["pos"])
+
+            def ours(args=args, fn=ours_fn):
+                return fn(*args[:4], content_bias=args[4], position_bias=args[5])
+
+            times = {}
+            for label, fn in (("matmul", functools.partial(by_matmul, *args)),
+                              ("einsum", functools.partial(by_einsum, *args))):  # fmt: skip
+                _, _, times[label] = side_by_side(ours, fn, backend, repeats)
+            best = min(times, key=times.get)
+            ratio, a_time, b_time = side_by_side(
+                ours,
+                functools.partial(by_matmul if best == "matmul" else by_einsum, *args),
+                backend,
+                repeats,
+            )
+            what = "decode step" if lq == 1 else "chunked prefill"
+            label = f"{name}-jit" if name == "jax" else name
+            rows.append(
+                Row(f"relative_attention {what}, Lq={lq} Lk={lk}: relattn / native ({best})",
+                    label, ms(a_time), ms(b_time), ratio, "<= 1.0", ratio <= 1.0)
+            )  # fmt: skip
+    return rows
+
+
 def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cuda") -> list[Row]:
     """torch CUDA relative_attention against SDPA given its position term as a bias, L = 4096."""
     backend = common.get_backend(backend_name)  # NotImplementedError without torch or CUDA
@@ -319,6 +361,10 @@ def environment() -> str:
     return f"{platform.processor() or platform.machine()}, {versions}; {threads}"
 
 
+#: The groups of rows ``--only`` selects.
+GROUPS = ("speed", "memory", "dispatch", "decode", "gpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats instead of 9")
@@ -340,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun with glibc keeping freed memory (no page faults on fresh temporaries)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=GROUPS,
+        help="run only these groups of rows (repeatable); default: all",
+    )
     args = parser.parse_args(argv)
     if args.warm_malloc and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         # glibc serves large arrays with fresh mmap()s, zero-filled page by page on first
@@ -360,14 +412,21 @@ def main(argv: list[str] | None = None) -> int:
 
     malloc = "; glibc malloc kept warm" if "MALLOC_MMAP_THRESHOLD_" in os.environ else ""
     print(f"relattn {relattn.__version__}; {environment()}; repeats {repeats}{malloc}\n")
-    rows = against_native(names, repeats)
-    rows += other_functions(names, repeats)
-    rows += position_schemes(names, repeats)
-    rows += against_products(names, repeats)
-    if not args.no_memory and (args.backend is None or "numpy" in args.backend):
-        rows += shaw_memory(2048)
-    rows += dispatch(names, args.quick)
-    if args.backend is None or "torch_cuda" in args.backend:
+    groups = set(args.only or GROUPS)
+    rows = []
+    if "speed" in groups:
+        rows += against_native(names, repeats)
+        rows += other_functions(names, repeats)
+        rows += position_schemes(names, repeats)
+        rows += against_products(names, repeats)
+    if "memory" in groups and not args.no_memory:
+        if args.backend is None or "numpy" in args.backend:
+            rows += shaw_memory(2048)
+    if "dispatch" in groups:
+        rows += dispatch(names, args.quick)
+    if "decode" in groups:
+        rows += decode(names, repeats)
+    if "gpu" in groups and (args.backend is None or "torch_cuda" in args.backend):
         try:
             rows += cuda_vs_sdpa(repeats)
         except NotImplementedError as e:

@@ -165,6 +165,20 @@ def cast(xp: ModuleType, x: Any, dtype: Any) -> Any:
     return x if x.dtype == dtype else xp.astype(x, dtype)
 
 
+def is_integer_dtype(xp: ModuleType, dtype: Any) -> bool:
+    """``dtype`` is a (signed or unsigned) integer dtype of ``xp``."""
+    if isinstance(dtype, np.dtype):
+        return dtype.kind in "iu"
+    return bool(xp.isdtype(dtype, "integral"))
+
+
+def cast_integer(xp: ModuleType, x: Any) -> Any:
+    """An integer array of ``xp`` as it is; a NumPy one beside JAX or Dask arrays converted."""
+    if isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp):
+        return xp.asarray(x)
+    return x
+
+
 def boolean(name: str, x: Any, xp: ModuleType) -> None:
     if x.dtype != xp.bool:
         raise TypeError(f"{name} must be a boolean array (True = may attend), got dtype {x.dtype}")
@@ -197,7 +211,7 @@ def features(name: str, x: Any, weight_name: str, weight: Any, axis: int, layout
 
 def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], what: str) -> None:
     """Check ``shape`` broadcasts to exactly ``target`` (shapes only, no arrays)."""
-    if _broadcast_shapes(tuple(shape), tuple(target)) != tuple(target):
+    if broadcast_shapes(tuple(shape), tuple(target)) != tuple(target):
         raise ValueError(
             f"{name} must be broadcastable to {what} {tuple(target)}, got shape {tuple(shape)}"
         )
@@ -205,7 +219,7 @@ def broadcastable(name: str, shape: tuple[int, ...], target: tuple[int, ...], wh
 
 def broadcast(**shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of the named leading shapes, or ``ValueError`` naming them."""
-    result = _broadcast_shapes(*(tuple(s) for s in shapes.values()))
+    result = broadcast_shapes(*(tuple(s) for s in shapes.values()))
     if result is None:
         found = ", ".join(f"{name} {tuple(s)}" for name, s in shapes.items())
         raise ValueError(f"leading (batch, head) dimensions do not broadcast: {found}")
@@ -226,7 +240,7 @@ def choice(name: str, value: Any, options: tuple[str | None, ...]) -> Any:
     return value
 
 
-def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """The broadcast of ``shapes`` (array API rules), or ``None`` where they do not broadcast."""
     shapes = tuple(tuple(shape) for shape in shapes)
     first = shapes[0]

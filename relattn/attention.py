@@ -81,6 +81,10 @@ def scaled_dot_product_attention(
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
 ) -> Array:
     """Scaled dot-product attention with optional masks and additive biases.
 
@@ -114,6 +118,27 @@ def scaled_dot_product_attention(
         ``O(Lq·Lk)``). Default: dense while one score array fits relattn's
         memory budget (``RELATTN_MAX_SCORE_BYTES``), blockwise with blocks of
         ``(256, 512)`` beyond it.
+    positions : array of shape (..., L), integer dtype, or a pair of them, optional
+        Positions as data (SPEC §2.15): one array for self-attention
+        (``Lq = Lk``) or ``(query_positions (..., Lq), key_positions (...,
+        Lk))``; leading dims broadcast against the scores' (per batch row of
+        ``(B, H, L, d)`` inputs: shape ``(B, 1, L)``). Every relative term and
+        ``causal`` then read ``δ = key_position - query_position``, clipped to
+        the edge columns of each relative input. ``None``: query ``i`` at key
+        position ``i + Lk - Lq`` (contiguous, the shift-based fast path).
+    segment_ids : array of shape (..., L), integer dtype, or a pair of them, optional
+        Document ids of queries and keys (packed sequences): a query attends
+        only to keys with its own id. Blocks whose documents do not meet are
+        skipped.
+    score_mod : callable, optional
+        ``score_mod(score, batch, head, q_pos, kv_pos)`` returns the modified
+        scores, after every built-in term (FlexAttention's signature). The
+        arguments are arrays that broadcast against one block's scores
+        ``(B, H, bq, bk)``: ``batch (B, 1, 1, 1)``, ``head (1, H, 1, 1)``,
+        ``q_pos (..., bq, 1)``, ``kv_pos (..., 1, bk)`` (the positions).
+    mask_mod : callable, optional
+        ``mask_mod(batch, head, q_pos, kv_pos)`` returns a boolean array, True
+        where a query may attend; blocks where it is all False are skipped.
 
     Returns
     -------
@@ -160,6 +185,8 @@ def scaled_dot_product_attention(
         problem.check(
             q, k, v, mask=mask, bias=bias, relative_bias=relative_bias, causal=causal,
             scale=scale, block_size=block_size,
+            positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+            mask_mod=mask_mod,
         )
     )  # fmt: skip
 
@@ -180,6 +207,10 @@ def relative_attention(
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
 ) -> Array:
     """Attention with Transformer-XL relative position scores.
 
@@ -227,6 +258,9 @@ def relative_attention(
         Score scale, ``1/√d`` by default; TENER uses ``1``.
     block_size : int or (int, int), optional
         Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
+    positions, segment_ids, score_mod, mask_mod : optional
+        Positions as data, document ids and the caller's score and mask
+        functions; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -284,5 +318,7 @@ def relative_attention(
             value_table=value_table, content_bias=content_bias, position_bias=position_bias,
             relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
             block_size=block_size,
+            positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+            mask_mod=mask_mod,
         )
     )  # fmt: skip

@@ -56,6 +56,10 @@ def attention_block(
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
     state: BlockState | None = None,
 ) -> BlockState:
     """One query block against one key block of a larger problem: the online softmax's step.
@@ -100,6 +104,9 @@ def attention_block(
     block_size : int or (int, int), optional
         Fold the block in sub-blocks of these sizes (query rows, keys), for
         memory ``O(block_size²)`` instead of ``O(bq·bk)``; default: at once.
+    positions, segment_ids, score_mod, mask_mod : optional
+        Positions as data, document ids and the caller's score and mask
+        functions; see :func:`scaled_dot_product_attention`.
     state : BlockState, optional
         The statistics of the key blocks seen so far for these queries
         (default: none yet).
@@ -161,6 +168,8 @@ def attention_block(
         value_table=value_table, content_bias=content_bias, position_bias=position_bias,
         relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
         block_size=block_size, lengths=(lq, lk), block_scores=True,
+        positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+        mask_mod=mask_mod,
     )  # fmt: skip
     xp = p.xp
     bq, bk = q.shape[-2], k.shape[-2]

@@ -27,6 +27,7 @@ layout or ``causal=True`` masks ``δ > 0``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -34,11 +35,10 @@ from typing import Any
 import array_api_compat
 
 from .backends import backend_for
-from .fold import blockwise, dense_chunk, dense_in_query_blocks
-from .masks import causal_mask
+from .fold import blockwise, dense_chunk, dense_in_query_blocks, select_visible_keys
 from .problem import Problem
 from .shift import unshift
-from .terms import relative_term
+from .terms import matmul_transposed, relative_term, visible_mask
 
 __all__ = ["attend", "attend_generic", "attention", "softmax"]
 
@@ -57,19 +57,22 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     device = array_api_compat.device(scores)
     if mask is not None:
         # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
-        # with no overflow in ``scores - peak`` even in float16.
+        # with no overflow in ``scores - peak`` even in float16. Selected, not added:
+        # whatever a masked score holds (inf, NaN) is gone.
         scores = xp.where(mask, scores, xp.full((), -math.inf, dtype=scores.dtype, device=device))
-    peak = xp.max(scores, axis=axis, keepdims=True)
-    # A row with no finite score (fully masked, or a -inf bias) would give
-    # inf - inf; shift it by 0 instead, so its weights are exp(-inf) = 0.
-    peak = xp.where(xp.isfinite(peak), peak, xp.zeros((), dtype=scores.dtype, device=device))
+    # A row with no finite score (fully masked, or a -inf bias) has the peak -inf, and
+    # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
+    # leaves every other row alone and makes that row's weights exp(-inf) = 0.
+    lowest = xp.full((), xp.finfo(scores.dtype).min, dtype=scores.dtype, device=device)
+    peak = xp.maximum(xp.max(scores, axis=axis, keepdims=True), lowest)
     shifted = scores - peak
     del scores
     weights = xp.exp(shifted)
     del shifted
+    # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
+    # dividing by max(total, 1) keeps an empty row 0, never 0/0, and changes no other.
     total = xp.sum(weights, axis=axis, keepdims=True)
-    # A fully masked row sums to 0: divide by 1 so it stays 0, never 0/0.
-    return weights / xp.where(total > 0, total, xp.ones_like(total))
+    return weights / xp.maximum(total, xp.ones((), dtype=total.dtype, device=device))
 
 
 def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
@@ -84,8 +87,8 @@ def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
     return offer(q, k, v)
 
 
-def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) -> Any:
-    """``softmax(q kᵀ · scale + bias, mask) v`` on inputs already checked and cast.
+def attend(q: Any, k: Any, v: Any, bias: Any, scale: Any, xp: Any) -> Any:
+    """``softmax(q kᵀ · scale + bias) v`` on inputs already checked and cast.
 
     The backend's fused kernel runs it where there is one and the inputs fit
     (:attr:`relattn.backends.Backend.fused_attention`); :func:`attend_generic`
@@ -93,8 +96,8 @@ def attend(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) ->
     """
     kernel = fused_kernel(q, k, v, xp)
     if kernel is not None:
-        return kernel(bias=bias, mask=mask, scale=scale)
-    return attend_generic(q, k, v, bias, mask, scale, xp)
+        return kernel(bias=bias, mask=None, causal=False, scale=scale)
+    return attend_generic(q, k, v, bias, None, scale, xp)
 
 
 def attend_generic(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) -> Any:
@@ -111,8 +114,8 @@ def scores(q: Any, k: Any, bias: Any, scale: Any, xp: Any) -> Any:
     if not (isinstance(scale, float) and scale == 1.0):
         q = q * scale
     if bias is None:
-        return q @ xp.matrix_transpose(k)
-    return q @ xp.matrix_transpose(k) + bias
+        return matmul_transposed(q, k, xp)
+    return matmul_transposed(q, k, xp) + bias
 
 
 # -------------------------------------------------------------------------------------------
@@ -134,14 +137,28 @@ def attention(p: Problem) -> Any:
         shape = (*p.lead, p.lq, v.shape[-1])
         return xp.zeros(shape, dtype=p.dtype, device=array_api_compat.device(q))
     # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
-    kernel = fused_kernel(q, k, v, xp) if p.value_table is None else None
     backend = backend_for(xp)
+    kernel = None
+    if p.value_table is None and not p.programmable:
+        kernel = fused_kernel(q, k, v, xp)
+    kernel_causal = p.causal and p.lq == p.lk and not p.has_terms and p.bias is None
+    if kernel is not None and (p.mask is not None or (p.causal and not kernel_causal)):
+        # A kernel adds -inf for a mask (Backend.fused_attention): a NaN or inf in a masked
+        # key would reach every row. It takes the call when the keys are finite, which
+        # eager values show; otherwise relattn's paths select the masked scores out.
+        if not (backend.has_values(k) and bool(xp.all(xp.isfinite(k)))):
+            kernel = None
     blockable = backend.takes_blockwise(q)
     block_size = p.block_size
     if block_size is not None and not blockable:
         raise TypeError(
             f"block_size: the blockwise path does not run on {type(q).__name__} arrays;"
             f" pass block_size=None, got {block_size}"
+        )
+    if p.programmable and not blockable:
+        raise TypeError(
+            "positions, segment_ids, score_mod and mask_mod are evaluated by the block fold,"
+            f" which does not run on {type(q).__name__} arrays; pass plain arrays"
         )
     if (
         block_size is None
@@ -151,15 +168,32 @@ def attention(p: Problem) -> Any:
         # A fused kernel computes the scores in tiles of its own, faster than relattn's
         # loop: without a relative term it keeps the call whatever the length.
         block_size = automatic_block_size(p)
-    nonempty = q.shape[-1] > 0
+    if p.programmable and block_size is None:
+        # One block: the fold is where positions, segments and the caller's functions are
+        # evaluated.
+        block_size = (max(p.lq, 1), max(p.lk, 1))
+    nonempty = q.shape[-1] > 0 or p.programmable
     if block_size is not None and nonempty:
         return blockwise(p, block_size)
     if kernel is not None:
         # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
-        return kernel(bias=_position(p), mask=_causal(p), scale=1.0)
+        if kernel_causal and p.mask is None:
+            return kernel(bias=None, mask=None, causal=True, scale=1.0)
+        # Finite keys: a causal term filled with -inf beyond δ = 0 is the causal mask itself.
+        fills = p.causal and (p.key_table is not None or p.relative_bias is not None)
+        mask = p.mask if fills and p.lq <= p.lk else _causal(p)
+        return kernel(bias=_position(p, fill=-math.inf if fills else 0.0), mask=mask,
+                      causal=False, scale=1.0)  # fmt: skip
+    mask = _causal(p)
     if backend.query_chunks and blockable and nonempty and dense_chunk(p) < p.lq:
         return dense_in_query_blocks(p)
-    mask, bias = backend.join(_causal(p), q), backend.join(_position(p), q)
+    if p.mask is not None:
+        # Keys that no query may see are selected out, whatever they hold (NaN in an
+        # unfilled cache slot): their scores are masked, and neither q kᵀ nor P v meets them.
+        k, v = select_visible_keys(k, mask, xp), select_visible_keys(v, mask, xp)
+        if p.ks is not None:
+            p = dataclasses.replace(p, ks=select_visible_keys(p.ks, mask, xp))
+    mask, bias = backend.join(mask, q), backend.join(_position(p), q)
     weights = softmax(scores(q, k, bias, 1.0, xp), mask, -1, xp)
     if p.value_table is None:
         return weights @ v
@@ -167,21 +201,26 @@ def attention(p: Problem) -> Any:
 
 
 def _causal(p: Problem) -> Any:
-    """``p.mask`` with the causal mask where the position term does not carry it.
+    """``p.mask`` with the causal mask (``δ > 0`` blocked) where the problem is causal.
 
-    Without a ``-inf``-filled term the causal mask is a boolean one; with
-    ``Lq > Lk`` the first ``Lq - Lk`` queries have no key at all, and the mask
-    keeps their rows zero whatever a fused kernel makes of a row of ``-inf``.
+    With ``Lq > Lk`` the first ``Lq - Lk`` queries have no key at all: the mask keeps
+    their rows zero.
     """
-    if not p.causal or (p.masks_itself and p.lq <= p.lk):
+    if not p.causal:
         return p.mask
-    blocked = causal_mask(p.lq, p.lk, xp=p.xp, device=array_api_compat.device(p.q))
+    device = array_api_compat.device(p.q)
+    blocked = visible_mask(p, (0, p.lq, 0, p.lk), device, causal=True)  # None: all visible
+    if blocked is None:
+        return p.mask
     return blocked if p.mask is None else p.mask & blocked
 
 
-def _position(p: Problem) -> Any:
-    """The whole problem's relative term plus its ``bias`` (either may be absent: ``None``)."""
-    position = relative_term(p, p.qp, p.ks, (0, p.lq, 0, p.lk), fill=-math.inf)
+def _position(p: Problem, fill: float = 0.0) -> Any:
+    """The whole problem's relative term plus its ``bias`` (either may be absent: ``None``).
+
+    The absent ``δ > 0`` cells of a causal-layout term are 0: the causal mask selects
+    them out (an added ``-inf`` would meet a NaN score as NaN)."""
+    position = relative_term(p, p.qp, p.ks, (0, p.lq, 0, p.lk), fill=fill)
     if p.bias is None:
         return position
     return p.bias if position is None else position + p.bias
@@ -227,6 +266,8 @@ def automatic_block_size(p: Problem) -> tuple[int, int] | None:
     """``None`` (dense) while one score array fits :func:`score_budget`, else
     :data:`AUTOMATIC_BLOCK_SIZE`. The dense path holds about three such arrays."""
     count = math.prod(p.lead) * p.lq * p.lk
+    if p.has_positions and p.value_table is not None:
+        count *= p.v.shape[-1]  # the value table's row for each pair (terms.value_rows_at)
     fits = count * p.xp.finfo(p.q.dtype).bits // 8 <= score_budget()
     return None if fits else AUTOMATIC_BLOCK_SIZE
 

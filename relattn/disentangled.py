@@ -23,6 +23,10 @@ def disentangled_attention(
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
 ) -> Array:
     r"""Attention with content-to-content, content-to-position and position-to-content scores.
 
@@ -55,6 +59,9 @@ def disentangled_attention(
         with one (DeBERTa's ``scale_factor = 1 + len(pos_att_type)``).
     block_size : int or (int, int), optional
         Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
+    positions, segment_ids, score_mod, mask_mod : optional
+        Positions as data, document ids and the caller's score and mask
+        functions; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -109,5 +116,7 @@ def disentangled_attention(
             q, k, v, position_table=position_table, query_position_table=query_position_table,
             relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
             block_size=block_size, default_scale=lambda d: (terms * d) ** -0.5,
+            positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+            mask_mod=mask_mod,
         )
     )  # fmt: skip

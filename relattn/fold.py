@@ -30,7 +30,16 @@ import array_api_extra as xpx
 from .backends import backend_for
 from .problem import Problem
 from .shift import unshift
-from .terms import Block, is_static, relative_term, value_slice, visible_mask
+from .terms import (
+    Block,
+    block_positions,
+    matmul_transposed,
+    relative_term,
+    relative_term_at,
+    value_rows_at,
+    value_slice,
+    visible_mask,
+)
 
 __all__ = [
     "BlockState",
@@ -111,18 +120,30 @@ def block_start(shape: tuple[int, ...], dtype: Any, device: Any, xp: Any) -> Blo
 
 
 def block_step(
-    state: BlockState, scores: Any, v: Any, xp: Any, *, value_table: Any = None
+    state: BlockState,
+    scores: Any,
+    v: Any,
+    xp: Any,
+    *,
+    value_table: Any = None,
+    value_rows: Any = None,
+    visible: Any = None,
 ) -> BlockState:
     """Fold one key block into ``state``.
 
     ``scores (..., bq, bk)`` are the block's finished scores, ``-inf`` where a
     key is masked; ``v (..., bk, d_v)`` its values; ``value_table
     (..., w, d_v)`` the block's slice of a value table (``w <= bq + bk - 1``
-    columns of its relative layout), or ``None``. Scores and values are
-    promoted to the state's dtype (float32 accumulators for half-precision
-    inputs).
+    columns of its relative layout), or ``value_rows (..., bq, bk, d_v)`` its
+    row for each pair (explicit positions), or neither. ``visible (..., bq,
+    bk)``: the pairs that may attend (``None``: all); the values of keys that
+    no query of the block may see are left out, whatever they hold (NaN in an
+    unfilled cache slot). Scores and values are promoted to the state's dtype
+    (float32 accumulators for half-precision inputs).
     """
     dtype = state.accumulator.dtype
+    if visible is not None:
+        v = select_visible_keys(v, visible, xp)
     if scores.dtype != dtype:
         scores = xp.astype(scores, dtype)
     peak = xp.maximum(state.peak, xp.max(scores, axis=-1, keepdims=True))
@@ -134,8 +155,21 @@ def block_step(
         spread = unshift(weights, xp)[..., : value_table.shape[-2]]
         table = value_table if value_table.dtype == dtype else xp.astype(value_table, dtype)
         update = update + spread @ table
+    if value_rows is not None:
+        rows = value_rows if value_rows.dtype == dtype else xp.astype(value_rows, dtype)
+        update = update + xp.sum(weights[..., None] * rows, axis=-2)
     total = state.total * rescale + xp.sum(weights, axis=-1, keepdims=True)
     return BlockState(state.accumulator * rescale + update, peak, total)
+
+
+def select_visible_keys(v: Any, visible: Any, xp: Any) -> Any:
+    """``v (..., Lk, d)`` (keys or values) with the rows of keys that no query may see
+    (``visible (..., Lq, Lk)``) set to 0: selected out, so that a NaN or inf there meets
+    no product (``0 · NaN``, ``inf - inf``)."""
+    seen = xp.any(visible, axis=-2) if visible.ndim >= 2 else visible
+    return xp.where(
+        seen[..., :, None], v, xp.zeros((), dtype=v.dtype, device=array_api_compat.device(v))
+    )
 
 
 def block_merge(a: BlockState, b: BlockState, xp: Any) -> BlockState:
@@ -165,43 +199,122 @@ def block_finish(state: BlockState, dtype: Any, xp: Any) -> Any:
 # -------------------------------------------------------------------------------------------
 def pair_scores(
     p: Problem,
-    q: Any,
-    k: Any,
-    qp: Any,
-    ks: Any,
+    rows: Problem,
+    kb: KeyBlock,
     block: Block,
+    at: Any,
+    visible: Any,
     *,
-    bias: Any = None,
-    mask: Any = None,
-    key_limit: Any = None,
+    unseen_keys: bool = False,
 ) -> Any:
-    """The finished scores of one block pair: content, relative terms, bias; ``-inf`` where masked.
+    """The finished scores of one block pair: content, relative terms, bias, the caller's
+    ``score_mod``; ``-inf`` where ``visible`` (:func:`pair_visible`) is False.
 
-    ``q``, ``k``, ``qp``, ``ks``, ``bias`` and ``mask`` are the block's slices;
-    ``block = (i0, bq, j0, bk)`` its offsets (static or traced). Keys from
-    ``key_limit`` on (padding of a traced loop) are masked.
+    ``rows`` holds the query block's slices, ``kb`` the key block's; ``block = (i0, bq,
+    j0, bk)`` their offsets (static or traced); ``at`` the block's positions
+    (:func:`relattn.terms.block_positions`). ``unseen_keys``: the keys that no query of
+    the block sees are set to 0 before any product (masks from data: an unfilled cache
+    slot's NaN meets no ``q·k``).
     """
     xp = p.xp
-    s = q @ xp.matrix_transpose(k)
-    term = relative_term(p, qp, ks, block, fill=-math.inf)
+    k, ks = kb.k, kb.ks
+    if visible is not None and unseen_keys:
+        # Keys that no query of the block may see, whatever they hold, meet no product.
+        k = select_visible_keys(k, visible, xp)
+        ks = None if ks is None else select_visible_keys(ks, visible, xp)
+    s = matmul_transposed(rows.q, k, xp)
+    if p.has_positions:
+        term = relative_term_at(p, rows.qp, ks, at[1] - at[0])
+    else:
+        # The absent δ > 0 cells of a causal term are 0 here: the mask selects them out.
+        term = relative_term(p, rows.qp, ks, block, fill=0.0)
     if term is not None:
         s = s + term
-    if bias is not None:
-        s = s + bias
-    device = array_api_compat.device(s)
-    # With static offsets a -inf-filled causal term already masks δ > 0.
-    causal = p.causal and not (is_static(block[0], block[2]) and p.masks_itself)
-    visible = visible_mask(p, block, device, causal=causal, key_limit=key_limit)
-    blocked = visible if mask is None else (mask if visible is None else mask & visible)
-    if blocked is not None:
-        s = xp.where(blocked, s, xp.full((), -math.inf, dtype=s.dtype, device=device))
+    if kb.bias is not None:
+        s = s + kb.bias
+    if p.score_mod is not None:
+        s = _score_mod(p, s, at)
+    if visible is not None:
+        # Selected, not added: a NaN or inf in a masked score is gone.
+        s = xp.where(
+            visible, s, xp.full((), -math.inf, dtype=s.dtype, device=array_api_compat.device(s))
+        )
     return s
+
+
+def pair_visible(
+    p: Problem, rows: Problem, kb: KeyBlock, block: Block, at: Any, *, key_limit: Any = None
+) -> Any:
+    """Where the block's queries may attend its keys: ``mask``, ``causal`` (``δ <= 0``),
+    ``segment_ids``, ``mask_mod`` and keys before ``key_limit`` (the padding of a traced
+    loop); ``None`` where every pair may."""
+    device = array_api_compat.device(rows.q)
+    contiguous = not p.has_positions
+    visible = visible_mask(p, block, device, causal=p.causal and contiguous, key_limit=key_limit)
+    parts = [visible, kb.mask]
+    if p.causal and not contiguous:
+        parts.append(at[1] <= at[0])
+    if p.query_segments is not None:
+        parts.append(rows.query_segments[..., :, None] == kb.segments[..., None, :])
+    if p.mask_mod is not None:
+        parts.append(_mask_mod(p, at))
+    out = None
+    for part in parts:
+        if part is not None:
+            out = part if out is None else out & part
+    return out
+
+
+def _mod_indices(p: Problem, device: Any) -> tuple[Any, Any]:
+    """``batch`` and ``head`` indices that broadcast against the scores ``(B, H, bq, bk)``
+    (0 where the scores have no such axis)."""
+    xp = p.xp
+    lead = p.lead
+    zero = xp.zeros((), dtype=xp.asarray(0).dtype, device=device)
+    if len(lead) == 0:
+        return zero, zero
+    if len(lead) == 1:
+        return zero, xp.reshape(xp.arange(lead[0], device=device), (lead[0], 1, 1))
+    b, h = lead
+    return (
+        xp.reshape(xp.arange(b, device=device), (b, 1, 1, 1)),
+        xp.reshape(xp.arange(h, device=device), (1, h, 1, 1)),
+    )
+
+
+def _score_mod(p: Problem, s: Any, at: Any) -> Any:
+    xp = p.xp
+    batch, head = _mod_indices(p, array_api_compat.device(s))
+    assert p.score_mod is not None
+    out = p.score_mod(s, batch, head, at[0], at[1])
+    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+        raise TypeError(f"score_mod must return an array, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(s.shape):
+        try:
+            out = xp.broadcast_to(out, s.shape)
+        except (ValueError, RuntimeError, TypeError):
+            raise ValueError(
+                f"score_mod must return the block's scores' shape {tuple(s.shape)}, "
+                f"got {tuple(out.shape)}"
+            ) from None
+    return out if out.dtype == s.dtype else xp.astype(out, s.dtype)
+
+
+def _mask_mod(p: Problem, at: Any) -> Any:
+    xp = p.xp
+    batch, head = _mod_indices(p, array_api_compat.device(at[0]))
+    assert p.mask_mod is not None
+    out = p.mask_mod(batch, head, at[0], at[1])
+    if not hasattr(out, "dtype") or out.dtype != xp.bool:
+        what = getattr(out, "dtype", type(out).__name__)
+        raise TypeError(f"mask_mod must return a boolean array (True = may attend), got {what}")
+    return out
 
 
 class KeyBlock(NamedTuple):
     """One key block as the fold sees it: its first key ``j0`` (static or traced), its
-    keys, values and scaled keys ``ks``, and its columns of the query rows' ``bias``
-    and ``mask``."""
+    keys, values and scaled keys ``ks``, its columns of the query rows' ``bias`` and
+    ``mask``, and its keys' positions and segment ids (``None``: not given)."""
 
     j0: Any
     k: Any
@@ -209,6 +322,8 @@ class KeyBlock(NamedTuple):
     ks: Any
     bias: Any
     mask: Any
+    positions: Any = None
+    segments: Any = None
 
 
 def key_slice(
@@ -223,7 +338,8 @@ def key_slice(
     return KeyBlock(
         j0, cut(keys.k, start, size, -2), cut(keys.v, start, size, -2),
         cut(keys.ks, start, size, -2), cut(rows.bias, start, size, -1),
-        cut(rows.mask, start, size, -1),
+        cut(rows.mask, start, size, -1), cut(keys.key_positions, start, size, -1),
+        cut(keys.key_segments, start, size, -1),
     )  # fmt: skip
 
 
@@ -277,20 +393,36 @@ def fold_keys(
         state = block_start((*p.lead, bq, p.v.shape[-1]), work, device, xp)
     state = BlockState(*(backend.align(x, inputs) for x in state))
 
+    # Blocks that no pair of may attend are skipped where that is data (segments, positions,
+    # mask_mod) and the backend can branch on it: a traced cond, or values at hand.
+    data_masked = p.query_segments is not None or p.mask_mod is not None or p.has_positions
+    sparse = data_masked and (backend.cond is not None or backend.has_values(rows.q))
+
     def body(step: Any, carry: tuple[BlockState, Any]) -> tuple[BlockState, Any]:
         state, source = carry
         kb, source = key_block(step, source)
         block = (i0, bq, kb.j0, kb.k.shape[-2])
+        at = None
+        if p.programmable:
+            at = block_positions(p, rows.query_positions, kb.positions, block, device)
+        visible = pair_visible(p, rows, kb, block, at, key_limit=key_limit)
+        # Keys masked by data (a mask, segments, mask_mod, positions) may hold anything: the
+        # ones no query of the block sees are left out of the products. The contiguous
+        # causal structure needs no such pass (its masked scores are selected out).
+        unseen = visible if (data_masked or kb.mask is not None) else None
 
         def fold(state: BlockState) -> BlockState:
-            s = pair_scores(
-                p, rows.q, kb.k, rows.qp, kb.ks, block, bias=kb.bias, mask=kb.mask,
-                key_limit=key_limit,
-            )  # fmt: skip
-            return block_step(state, s, kb.v, xp, value_table=value_slice(p, block))
+            s = pair_scores(p, rows, kb, block, at, visible, unseen_keys=unseen is not None)
+            if at is not None and p.has_positions:
+                values = {"value_rows": value_rows_at(p, at[1] - at[0])}
+            else:
+                values = {"value_table": value_slice(p, block)}
+            return block_step(state, s, kb.v, xp, visible=unseen, **values)
 
-        if p.causal:
+        if p.causal and not p.has_positions:
             state = cond(kb.j0 <= i0 + bq - 1 + offset, fold, _unchanged, state)
+        elif sparse and visible is not None:
+            state = cond(xp.any(visible), fold, _unchanged, state)
         else:
             state = fold(state)
         return state, source
@@ -321,6 +453,8 @@ def query_rows(p: Problem, i0: int, i1: int) -> Problem:
         qp=rows_of(p.qp, i0, i1, -2),
         bias=rows_of(p.bias, i0, i1, -2),
         mask=rows_of(p.mask, i0, i1, -2),
+        query_positions=rows_of(p.query_positions, i0, i1, -1),
+        query_segments=rows_of(p.query_segments, i0, i1, -1),
     )
 
 
@@ -371,7 +505,8 @@ def _static_blocks(p: Problem, block_size: tuple[int, int], *, recompute: bool) 
         i1 = min(i0 + query_block, p.lq)
         # Under a causal mask key j is visible to some query of the block only if
         # j <= i1 - 1 + offset.
-        last = max(min(p.lk, i1 + offset), 0) if p.causal else p.lk
+        contiguous_causal = p.causal and not p.has_positions
+        last = max(min(p.lk, i1 + offset), 0) if contiguous_causal else p.lk
         rows = query_rows(p, i0, i1)
 
         def run(*arrays: Any, rows: Problem = rows, i0: int = i0, last: int = last) -> Any:
@@ -419,6 +554,10 @@ def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
         q=_pad(p.q, -2, rows, xp), qp=_pad(p.qp, -2, rows, xp), k=_pad(p.k, -2, cols, xp),
         v=_pad(p.v, -2, cols, xp), ks=_pad(p.ks, -2, cols, xp), bias=bias,
         mask=_pad(_pad(p.mask, -1, cols, xp, False), -2, rows, xp, False),
+        query_positions=_pad(p.query_positions, -1, rows, xp),
+        key_positions=_pad(p.key_positions, -1, cols, xp),
+        query_segments=_pad(p.query_segments, -1, rows, xp),
+        key_segments=_pad(p.key_segments, -1, cols, xp),
     )  # fmt: skip
     key_limit = p.lk if cols != p.lk else None
 
@@ -428,6 +567,8 @@ def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
             padded,
             q=slice_at(padded.q, i0, bq, -2), qp=slice_at(padded.qp, i0, bq, -2),
             bias=slice_at(padded.bias, i0, bq, -2), mask=slice_at(padded.mask, i0, bq, -2),
+            query_positions=slice_at(padded.query_positions, i0, bq, -1),
+            query_segments=slice_at(padded.query_segments, i0, bq, -1),
         )  # fmt: skip
 
         def key_block_at(step: Any, source: None) -> tuple[KeyBlock, None]:

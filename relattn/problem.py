@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from . import _checks
+from .backends import backend_for
 
 __all__ = ["Problem", "check"]
 
@@ -40,6 +41,16 @@ class Problem:
     flag, or a relative input in the causal layout). ``block_size``: the
     caller's request (``None``: relattn chooses). ``scale``: the factor already
     applied to ``q``, ``qp`` and ``ks`` (for keys scaled later: the ring's).
+
+    Positions as data (SPEC §2.15–2.16): ``query_positions (..., bq)`` and
+    ``key_positions (..., bk)`` are integer positions of the rows of ``q`` and
+    ``k`` (``None``: contiguous, query ``i`` at key position ``i + Lk - Lq``);
+    ``δ = key_position - query_position`` then indexes every relative input
+    (clipped to its edge columns) and ``causal``. ``query_segments`` and
+    ``key_segments`` are document ids (a query sees keys of its own document
+    only); ``score_mod(score, batch, head, q_pos, kv_pos)`` and
+    ``mask_mod(batch, head, q_pos, kv_pos)`` are the caller's functions,
+    evaluated per block.
     """
 
     xp: ModuleType
@@ -61,6 +72,26 @@ class Problem:
     mask: Any = None
     block_size: tuple[int, int] | None = None
     scale: Any = 1.0
+    query_positions: Any = None
+    key_positions: Any = None
+    query_segments: Any = None
+    key_segments: Any = None
+    score_mod: Callable[..., Any] | None = None
+    mask_mod: Callable[..., Any] | None = None
+
+    @property
+    def has_positions(self) -> bool:
+        """Explicit positions: the terms gather their columns instead of shifting a slice."""
+        return self.query_positions is not None
+
+    @property
+    def programmable(self) -> bool:
+        """Positions, segments or the caller's functions: the problem runs through the fold,
+        a block at a time, where they are evaluated."""
+        return not (
+            self.query_positions is None and self.query_segments is None
+            and self.score_mod is None and self.mask_mod is None
+        )  # fmt: skip
 
     @property
     def has_terms(self) -> bool:
@@ -68,11 +99,6 @@ class Problem:
         return not (
             self.key_table is None and self.query_table is None and self.relative_bias is None
         )
-
-    @property
-    def masks_itself(self) -> bool:
-        """With static offsets, a causal term whose absent cells are ``-inf`` is the causal mask."""
-        return self.causal and (self.key_table is not None or self.relative_bias is not None)
 
     def arrays(self) -> tuple[Any, ...]:
         """The arrays of the problem, in the order of :data:`ARRAYS` (for a checkpoint)."""
@@ -86,7 +112,7 @@ class Problem:
 #: The array fields of a :class:`Problem`.
 ARRAYS = (
     "q", "k", "v", "key_table", "query_table", "value_table", "relative_bias", "qp", "ks",
-    "bias", "mask",
+    "bias", "mask", "query_positions", "key_positions", "query_segments", "key_segments",
 )  # fmt: skip
 
 
@@ -106,6 +132,10 @@ def check(
     causal: Any = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Any = None,
+    segment_ids: Any = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
     lengths: tuple[int, int] | None = None,
     block_scores: bool = False,
     default_scale: Callable[[int], float] | None = None,
@@ -125,7 +155,16 @@ def check(
     clipped embeddings). ``expand(xp, dtype, causal, lq, lk)`` returns more
     relative inputs by keyword (Shaw's tables expanded to the relative layout),
     computed after the options are checked; ``names`` gives the names those
-    keywords have in the caller's signature, for messages.
+    keywords have in the caller's signature, for messages. ``positions`` and
+    ``segment_ids``: one integer array ``(..., L)`` (``Lq = Lk``) or a pair
+    ``(queries (..., Lq), keys (..., Lk))``, leading dims broadcasting to the
+    scores' (SPEC §2.15); ``score_mod`` and ``mask_mod``: callables (§2.16).
+
+    The checks of the arrays read their library, dtype and shape only, so an
+    eager call whose arrays have the library, dtypes and shapes of an earlier
+    call that passed (a decode loop, a training step) reuses that call's
+    :class:`Layout` instead of checking them again. Traced calls (``jax.jit``,
+    ``torch.compile``) always check: they run this code once per compilation.
 
     Raises
     ------
@@ -141,18 +180,139 @@ def check(
         **relative, "content_bias": content_bias, "position_bias": position_bias,
         "relative_bias": relative_bias, "bias": bias, **(others or {}),
     }  # fmt: skip
-    xp = _checks.namespace(q=q, k=k, v=v, optional={**optional, "mask": mask})
-    dtype = _checks.floating(xp, q=q, k=k, v=v, **optional)
-    bq, bk, d = check_qkv(q, k, v)
-    lq, lk = (bq, bk) if lengths is None else lengths
+    integers = {
+        **_pair("positions", positions, "query_positions", "key_positions"),
+        **_pair("segment_ids", segment_ids, "query_segment_ids", "key_segment_ids"),
+    }
+    xp = _checks.namespace(q=q, k=k, v=v, optional={**optional, "mask": mask, **integers})
     causal = _checks.flag("causal", causal)
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
+    key = None
+    if backend_for(xp).has_values(q):
+        arrays = (q, k, v, mask, *optional.values(), *integers.values())
+        options = (causal, lengths, block_scores, expand, *optional, *integers)
+        key = _signature(arrays, (*options, score_mod is None, mask_mod is None))
+    layout = None if key is None else _LAYOUTS.get(key)
+    if layout is None:
+        layout, relative = _layout(
+            xp, q, k, v, relative, optional, content_bias, position_bias, relative_bias, bias,
+            mask, causal, lengths, block_scores, expand, names or {}, integers,
+            score_mod is not None or mask_mod is not None,
+        )  # fmt: skip
+        if key is not None:
+            if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = layout
+    elif expand is not None:
+        relative.update(expand(xp, layout.dtype, causal, layout.lq, layout.lk))
+    d = q.shape[-1]
     if scale is None and default_scale is not None and d > 0:
         scale = default_scale(d)
     scale = _checks.scale(scale, d, xp)
     block_size = check_block_size(block_size)
+    dtype = layout.dtype
+
+    def cast(a: Any) -> Any:
+        return a if a is None else _checks.cast(xp, a, dtype)
+
+    q, k, v = cast(q), cast(k), cast(v)
+    key_table, query_table = (
+        cast(relative["position_table"]),
+        cast(relative["query_position_table"]),
+    )
+    value_table, relative_bias = cast(relative["value_table"]), cast(relative_bias)
+    content = q if content_bias is None else q + cast(content_bias)
+    qp = None
+    if key_table is not None:
+        qp = (q if position_bias is None else q + cast(position_bias)) * scale
+    return Problem(
+        xp, dtype, content * scale, k, v, layout.lq, layout.lk, layout.lead, layout.causal,
+        key_table, query_table, value_table, relative_bias, qp,
+        k * scale if query_table is not None else None, cast(bias), mask, block_size, scale,
+        query_positions=_checks.cast_integer(xp, integers.get("query_positions")),
+        key_positions=_checks.cast_integer(xp, integers.get("key_positions")),
+        query_segments=_checks.cast_integer(xp, integers.get("query_segment_ids")),
+        key_segments=_checks.cast_integer(xp, integers.get("key_segment_ids")),
+        score_mod=score_mod, mask_mod=mask_mod,
+    )  # fmt: skip
+
+
+def _pair(name: str, value: Any, first: str, second: str) -> dict[str, Any]:
+    """``positions`` or ``segment_ids``: ``{}``, or the query and key arrays by name (one
+    array serves both: self-attention)."""
+    if value is None:
+        return {}
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise TypeError(
+                f"{name} must be one integer array (..., L) or a pair (queries (..., Lq), "
+                f"keys (..., Lk)), got a {type(value).__name__} of {len(value)}"
+            )
+        return {first: value[0], second: value[1]}
+    return {first: value, second: value}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What :func:`check` learns from the arrays' metadata: their namespace, promoted
+    dtype, the whole problem's lengths, the scores' leading shape, and ``causal`` (the
+    flag, or a relative input in the causal layout)."""
+
+    xp: ModuleType
+    dtype: Any
+    lq: int
+    lk: int
+    lead: tuple[int, ...]
+    causal: bool
+
+
+#: Signature of an eager call that passed the checks -> its :class:`Layout`.
+_LAYOUTS: dict[tuple[Any, ...], Layout] = {}
+#: Signatures kept at most (a loop over many shapes starts again from empty).
+_MAX_LAYOUTS = 256
+
+
+def _signature(arrays: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The type, dtype and shape of each array (``None`` for an absent one) and the
+    options, as a hashable key; ``None`` where one is not hashable."""
+    key = tuple(None if a is None else (type(a), a.dtype, a.shape) for a in arrays)
+    try:
+        hash(key)
+        hash(options)
+    except TypeError:
+        return None
+    return (*key, *options)
+
+
+def _layout(
+    xp: ModuleType,
+    q: Any,
+    k: Any,
+    v: Any,
+    relative: dict[str, Any],
+    optional: dict[str, Any],
+    content_bias: Any,
+    position_bias: Any,
+    relative_bias: Any,
+    bias: Any,
+    mask: Any,
+    causal: bool,
+    lengths: tuple[int, int] | None,
+    block_scores: bool,
+    expand: Callable[..., dict[str, Any]] | None,
+    names: dict[str, str],
+    integers: dict[str, Any],
+    mods: bool,
+) -> tuple[Layout, dict[str, Any]]:
+    """The metadata checks of :func:`check`; the layout and the relative inputs (expanded)."""
+    dtype = _checks.floating(xp, q=q, k=k, v=v, **optional)
+    bq, bk, d = check_qkv(q, k, v)
+    lq, lk = (bq, bk) if lengths is None else lengths
+    relative = dict(relative)
     if expand is not None:
         relative.update(expand(xp, dtype, causal, lq, lk))
-    names = names or {}
     leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
     d_v = v.shape[-1]
     for name, table in relative.items():
@@ -174,37 +334,46 @@ def check(
         _checks.broadcastable("mask", mask.shape, scores, what)
     if bias is not None:
         _checks.broadcastable("bias", bias.shape, scores, what)
+    widths = [t.shape[-2] for t in relative.values() if t is not None]
     if relative_bias is not None:
         _checks.ndim("relative_bias", relative_bias, 1, "(..., W)")
-        relative_width("relative_bias", relative_bias.shape[-1], lq, lk)
+        widths.append(relative_width("relative_bias", relative_bias.shape[-1], lq, lk))
         _checks.broadcastable(
             "relative_bias", (*relative_bias.shape[:-1], 1, 1), (*lead, 1, 1),
             "(..., W) with leading dims",
         )  # fmt: skip
+    for name, a in integers.items():
+        _check_integers(name, a, bq if name.startswith("query") else bk, lead, xp)
+    if mods and len(lead) > 2:
+        raise ValueError(
+            "score_mod and mask_mod take the scores' (batch, head) indices: q, k and v must "
+            f"have at most two leading dims (B, H, L, d), got leading dims {lead}"
+        )
+    causal = causal or any(w != lq + lk - 1 for w in widths)
+    return Layout(xp, dtype, lq, lk, lead, causal), relative
 
-    def cast(a: Any) -> Any:
-        return a if a is None else _checks.cast(xp, a, dtype)
 
-    q, k, v = cast(q), cast(k), cast(v)
-    key_table, query_table = (
-        cast(relative["position_table"]),
-        cast(relative["query_position_table"]),
-    )
-    value_table, relative_bias = cast(relative["value_table"]), cast(relative_bias)
-    full = lq + lk - 1
-    widths = [t.shape[-2] for t in (key_table, query_table, value_table) if t is not None]
-    if relative_bias is not None:
-        widths.append(relative_bias.shape[-1])
-    causal = causal or any(w != full for w in widths)
-    content = q if content_bias is None else q + cast(content_bias)
-    qp = None
-    if key_table is not None:
-        qp = (q if position_bias is None else q + cast(position_bias)) * scale
-    return Problem(
-        xp, dtype, content * scale, k, v, lq, lk, lead, causal, key_table, query_table,
-        value_table, relative_bias, qp, k * scale if query_table is not None else None,
-        cast(bias), mask, block_size, scale,
-    )  # fmt: skip
+def _check_integers(name: str, a: Any, length: int, lead: tuple[int, ...], xp: Any) -> None:
+    """``a (..., length)`` of integers whose leading dims broadcast to the scores' ``lead``."""
+    what = "Lq" if name.startswith("query") else "Lk"
+    shown = {
+        "query_positions": "positions (queries)", "key_positions": "positions (keys)",
+        "query_segment_ids": "segment_ids (queries)", "key_segment_ids": "segment_ids (keys)",
+    }[name]  # fmt: skip
+    if not _checks.is_integer_dtype(xp, a.dtype):
+        raise TypeError(f"{shown} must have an integer dtype, got {a.dtype}")
+    if a.ndim < 1 or a.shape[-1] != length:
+        raise ValueError(
+            f"{shown} must have shape (..., {what}) = (..., {length}), got shape {tuple(a.shape)}"
+            + (" (one array serves queries and keys only when Lq = Lk; pass a pair)"
+               if a.ndim >= 1 else "")
+        )  # fmt: skip
+    if _checks.broadcast_shapes(a.shape[:-1], lead) != tuple(lead):
+        raise ValueError(
+            f"{shown} must have leading dims that broadcast to the scores' {tuple(lead)} (one "
+            f"row per batch row of (B, H, L, d) inputs: shape (B, 1, {what})), got shape "
+            f"{tuple(a.shape)}"
+        )
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:

@@ -31,6 +31,10 @@ def ring_attention(
     causal: bool = False,
     scale: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
 ) -> Array:
     """Relative attention over a sequence sharded across devices, key blocks passed round a ring.
 
@@ -83,6 +87,11 @@ def ring_attention(
         Fold each key shard in blocks of this many keys (the second of a pair),
         for memory ``O(bq·block)`` per step instead of ``O(bq·bk)``; default:
         the whole shard at once.
+    positions, segment_ids, score_mod, mask_mod : optional
+        Positions as data, document ids and the caller's score and mask
+        functions; see :func:`scaled_dot_product_attention`. ``positions`` and
+        ``segment_ids`` are this device's shards, like ``q`` and ``k``: the keys'
+        travel round the ring with them.
 
     Returns
     -------
@@ -147,6 +156,8 @@ def ring_attention(
         value_table=value_table, content_bias=content_bias, position_bias=position_bias,
         relative_bias=relative_bias, bias=bias, mask=mask, causal=causal, scale=scale,
         block_size=block_size, lengths=(devices * bq, devices * bk),
+        positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+        mask_mod=mask_mod,
     )  # fmt: skip
     return _ring(p, collective, axis_name, devices)
 
@@ -170,13 +181,15 @@ def _ring(p: Problem, collective: Any, axis_name: Any, devices: int) -> Any:
     sub = bk if p.block_size is None else min(p.block_size[1], bk)
     parts = -(-bk // sub)
 
-    def key_block_at(step: int, held: tuple[Any, Any, Any]) -> tuple[KeyBlock, Any]:
+    def key_block_at(step: int, held: tuple[Any, ...]) -> tuple[KeyBlock, Any]:
         shard, part = divmod(step, parts)
-        keys, values, j0 = held
+        *moving, j0 = held
         if part == 0 and shard > 0:
-            # The shard at hand moves on; the previous device's arrives.
-            keys, values = collective.rotate((keys, values), axis_name)
+            # The shard at hand moves on (with its keys' positions and segment ids); the
+            # previous device's arrives.
+            moving = list(collective.rotate(tuple(moving), axis_name))
             j0 = ((me - shard) % devices) * bk  # it started on device me - shard
+        keys, values, positions, segments = moving
         a, b = part * sub, min(part * sub + sub, bk)
         k, v = rows_of(keys, a, b, -2), rows_of(values, a, b, -2)
         start = j0 + a
@@ -185,13 +198,13 @@ def _ring(p: Problem, collective: Any, axis_name: Any, devices: int) -> Any:
         ks = None if p.ks is None else k * p.scale
         kb = KeyBlock(
             start, k, v, ks, _local_keys(rows.bias, start, b - a, backend),
-            _local_keys(rows.mask, start, b - a, backend),
+            _local_keys(rows.mask, start, b - a, backend), rows_of(positions, a, b, -1),
+            rows_of(segments, a, b, -1),
         )  # fmt: skip
-        return kb, (keys, values, j0)
+        return kb, (keys, values, positions, segments, j0)
 
-    state = fold_keys(
-        p, rows, i0, devices * parts, key_block_at, (p.k, p.v, me * bk), cond=backend.cond
-    )
+    held = (p.k, p.v, p.key_positions, p.key_segments, me * bk)
+    state = fold_keys(p, rows, i0, devices * parts, key_block_at, held, cond=backend.cond)
     return block_finish(state, p.dtype, xp)
 
 

@@ -49,6 +49,10 @@ def shaw_attention(
     out_of_range: str = "clip",
     radius: Any = None,
     block_size: Any = None,
+    positions: Array = None,
+    segment_ids: Array = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
 ) -> Array:
     """Attention with Shaw et al. relative position representations on keys and values.
 
@@ -89,6 +93,9 @@ def shaw_attention(
         tables. Default: each table symmetric, ``K`` from its rows.
     block_size : int or (int, int), optional
         Blockwise with these block sizes; see :func:`scaled_dot_product_attention`.
+    positions, segment_ids, score_mod, mask_mod : optional
+        Positions as data, document ids and the caller's score and mask
+        functions; see :func:`scaled_dot_product_attention`.
 
     Returns
     -------
@@ -174,6 +181,8 @@ def shaw_attention(
         problem.check(
             q, k, v, mask=mask, bias=bias, relative_bias=relative_bias, causal=causal,
             scale=scale, block_size=block_size,
+            positions=positions, segment_ids=segment_ids, score_mod=score_mod,
+            mask_mod=mask_mod,
             others={"key_embeddings": key_embeddings, "value_embeddings": value_embeddings},
             expand=expand, names=NAMES,
         )

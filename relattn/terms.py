@@ -8,21 +8,44 @@ shift of Transformer-XL's appendix B (:mod:`relattn.shift`) on that slice. The
 offsets are Python integers in a loop over static blocks (slices) and may be
 traced integers in a compiled loop or on a ring of devices (clipped gathers,
 whose out-of-range cells the caller masks).
+
+With explicit positions (SPEC §2.15) the distances of a block pair are data,
+``δ = key_position - query_position``: each term gathers its columns
+(:func:`relative_term_at`), clipped to the input's edge columns.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat
 
+from .backends import backend_for
 from .problem import Problem
 from .shift import extend, shift
 
-__all__ = ["relative_term", "value_slice", "visible_mask", "window"]
+__all__ = [
+    "block_positions",
+    "gather_columns",
+    "matmul_transposed",
+    "relative_term",
+    "relative_term_at",
+    "value_rows_at",
+    "value_slice",
+    "visible_mask",
+    "window",
+]
 
 #: A block pair: ``(i0, bq, j0, bk)``, offsets static (int) or traced.
 Block = tuple[Any, int, Any, int]
+
+
+def matmul_transposed(a: Any, b: Any, xp: Any) -> Any:
+    """``a @ bᵀ`` over the feature axis (the scores' products), as the backend computes it
+    best (:attr:`relattn.backends.Backend.matmul_transposed`)."""
+    product = backend_for(xp).matmul_transposed
+    return a @ xp.matrix_transpose(b) if product is None else product(a, b)
 
 
 def is_static(*offsets: Any) -> bool:
@@ -72,7 +95,7 @@ def relative_term(p: Problem, qp: Any, ks: Any, block: Block, *, fill: float) ->
     total = None
     if p.key_table is not None:
         table = window(p.key_table, m0, width, stop, -2, xp)
-        total = shift(xp.matmul(qp, xp.matrix_transpose(table)), bk, xp, fill=fill)
+        total = shift(matmul_transposed(qp, table, xp), bk, xp, fill=fill)
     if p.relative_bias is not None:
         values = window(p.relative_bias, m0, width, stop, -1, xp)
         values = xp.broadcast_to(values[..., None, :], (*values.shape[:-1], bq, values.shape[-1]))
@@ -86,7 +109,7 @@ def relative_term(p: Problem, qp: Any, ks: Any, block: Block, *, fill: float) ->
             # Causal layout: the δ > 0 rows are absent and their cells masked; zeros stand in.
             table = extend(table, -2, 0, width - table.shape[-2], xp)
         flipped = xp.flip(table, axis=-2)
-        term = xp.matrix_transpose(shift(ks @ xp.matrix_transpose(flipped), bq, xp))
+        term = xp.matrix_transpose(shift(matmul_transposed(ks, flipped, xp), bq, xp))
         total = term if total is None else total + term
     return total
 
@@ -123,3 +146,109 @@ def visible_mask(
         keep = (cols < key_limit)[None, :]
         out = keep if out is None else out & keep
     return out
+
+
+# -------------------------------------------------------------------------------------------
+# Explicit positions: the distances are data
+# -------------------------------------------------------------------------------------------
+def block_positions(p: Problem, qpos: Any, kpos: Any, block: Block, device: Any) -> tuple[Any, Any]:
+    """The block's query and key positions as ``(..., bq, 1)`` and ``(..., 1, bk)``.
+
+    ``qpos (..., bq)`` and ``kpos (..., bk)`` are the block's slices of explicit
+    positions, or ``None``: then query ``i`` sits at ``i + Lk - Lq`` and key ``j``
+    at ``j`` (the contiguous default).
+    """
+    xp = p.xp
+    i0, bq, j0, bk = block
+    if qpos is None:
+        qpos = xp.arange(bq, device=device) + (i0 + p.lk - p.lq)
+    if kpos is None:
+        kpos = xp.arange(bk, device=device) + j0
+    return qpos[..., :, None], kpos[..., None, :]
+
+
+def gather_columns(a: Any, columns: Any, xp: Any) -> Any:
+    """``out[..., r, c] = a[..., r, columns[..., r, c]]``, leading dims broadcast."""
+    lead = _broadcast(a.shape[:-1], columns.shape[:-1])
+    a = xp.broadcast_to(a, (*lead, a.shape[-1]))
+    columns = xp.broadcast_to(columns, (*lead, columns.shape[-1]))
+    take = backend_for(xp).take_along_axis or xp.take_along_axis
+    return take(a, columns, axis=-1)
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    return tuple(max(sizes) if 1 in sizes else sizes[0] for sizes in zip(*padded, strict=True))
+
+
+def _columns(p: Problem, table: Any, delta: Any, axis: int) -> tuple[Any, Any]:
+    """``table`` (or the window of its columns that ``delta`` reaches) and the column of
+    each distance in it, clipped to the edge columns (SPEC §2.15)."""
+    xp = p.xp
+    width = table.shape[axis]
+    m = xp.clip(delta + (p.lk - 1), 0, width - 1)
+    index = xp.asarray(0, device=array_api_compat.device(m)).dtype  # the default integer
+    if m.dtype != index:
+        m = xp.astype(m, index)
+    if backend_for(xp).has_values(m) and math.prod(m.shape) > 0:
+        # Values at hand: the window of columns the block reaches, not the whole table.
+        lo, hi = int(xp.min(m)), int(xp.max(m))
+        if hi - lo + 1 < width:
+            table = table[..., lo : hi + 1] if axis == -1 else table[..., lo : hi + 1, :]
+            m = m - lo
+    return table, m
+
+
+def relative_term_at(p: Problem, qp: Any, ks: Any, delta: Any) -> Any:
+    """:func:`relative_term` at explicit distances ``delta (..., bq, bk)``, or ``None``.
+
+    Each table's product with the block's queries (keys, for ``Qʳ``) is taken over
+    the columns the block's distances reach, then gathered per pair: ``O(bq·w·d)``
+    for ``w`` columns, never a ``(bq, bk, d)`` tensor.
+    """
+    if not p.has_terms:
+        return None
+    xp = p.xp
+    total = None
+    if p.key_table is not None:
+        table, m = _columns(p, p.key_table, delta, -2)
+        total = gather_columns(matmul_transposed(qp, table, xp), m, xp)
+    if p.relative_bias is not None:
+        values, m = _columns(p, p.relative_bias, delta, -1)
+        term = gather_columns(values[..., None, :], m, xp)
+        total = term if total is None else total + term
+    if p.query_table is not None:
+        # p2c[i, j] = k_j · Qʳ[m(i, j)]: row j of ks Qʳᵀ, at the column of each query.
+        table, m = _columns(p, p.query_table, delta, -2)
+        product = matmul_transposed(ks, table, xp)  # (..., bk, w)
+        term = xp.matrix_transpose(gather_columns(product, xp.matrix_transpose(m), xp))
+        total = term if total is None else total + term
+    return total
+
+
+def value_rows_at(p: Problem, delta: Any) -> Any:
+    """``Vʳ[m(i, j)]`` for each pair of the block, ``(..., bq, bk, d_v)``, or ``None``."""
+    if p.value_table is None:
+        return None
+    xp = p.xp
+    table, m = _columns(p, p.value_table, delta, -2)
+    *lead, bq, bk = m.shape
+    flat = xp.reshape(m, (*lead, bq * bk))
+    # One take per leading index is what the standard offers: take rows along -2.
+    rows = _take_rows(table, flat, xp)  # (..., bq·bk, d_v)
+    return xp.reshape(rows, (*rows.shape[:-2], bq, bk, rows.shape[-1]))
+
+
+def _take_rows(table: Any, index: Any, xp: Any) -> Any:
+    """``table[..., index[..., n], :]`` with broadcast leading dims."""
+    if index.ndim == 1:
+        return xp.take(table, index, axis=table.ndim - 2)
+    d = table.shape[-1]
+    lead = _broadcast(table.shape[:-2], index.shape[:-1])
+    n = index.shape[-1]
+    columns = xp.broadcast_to(index[..., :, None], (*lead, n, d))
+    # Gather whole rows: along the width axis of the table, one column per feature.
+    table = xp.broadcast_to(table, (*lead, *table.shape[-2:]))
+    take = backend_for(xp).take_along_axis or xp.take_along_axis
+    return take(table, columns, axis=-2)

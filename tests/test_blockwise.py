@@ -626,7 +626,8 @@ def test_automatic_choice_threshold(dtype_name, monkeypatch):
 
 def test_automatic_choice_keeps_a_fused_kernel_without_relative_terms(torch_backend, monkeypatch):
     """A call that PyTorch's fused kernel takes with no relative term (it tiles the scores
-    itself) stays dense at any budget, causal or not; a ``relative_bias`` goes blockwise."""
+    itself) stays dense at any budget, causal or not (finite keys); a ``relative_bias``, or
+    a NaN key under a mask (which the kernel would add ``-inf`` to), goes blockwise."""
     name = "sdpa-plain"
     data = _data(name)
     q, k, v = (torch_backend.asarray(a, "float64") for a in data.positional)
@@ -637,6 +638,14 @@ def test_automatic_choice_keeps_a_fused_kernel_without_relative_terms(torch_back
     torch_backend.assert_close(plain, data.expected, "float64")
     relattn.scaled_dot_product_attention(q, k, v, causal=True)
     assert calls == []
+    relattn.scaled_dot_product_attention(k, k, v, causal=True)  # SDPA's is_causal
+    assert calls == []
+    nan_key = torch_backend.xp.where(
+        torch_backend.xp.arange(k.shape[-2])[:, None] == 0, float("nan"), k
+    )
+    relattn.scaled_dot_product_attention(q, nan_key, v, causal=True)
+    assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]
+    calls.clear()
     values = torch_backend.asarray(np.zeros((q.shape[-2] + k.shape[-2] - 1,)), "float64")
     relattn.scaled_dot_product_attention(q, k, v, relative_bias=values)
     assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]

@@ -226,6 +226,15 @@ b_k, b_q = rng.normal(size=(2, H * d))
 q, k, v = rng.normal(size=(3, B, H, L, d))
 mask = np.arange(L) < np.array([L, L - 3])[:, None, None, None]  # padding: (B, 1, 1, L)
 """,
+    "positions": """
+B, H, Lmax, d = 2, 4, 16, 8
+q = rng.normal(size=(B, H, 1, d))  # one decode step
+k, v = rng.normal(size=(2, B, H, Lmax, d))  # the cache; unfilled slots hold NaN
+filled = np.array([9, 12])
+k[0, :, 9:] = v[0, :, 9:] = k[1, :, 12:] = v[1, :, 12:] = np.nan
+table = rng.normal(size=(Lmax, d))
+q_packed, k_packed, v_packed = rng.normal(size=(3, 1, H, 7, d))
+""",
     "relative_sinusoid": """
 Lq, Lk, d = 4, 6, 8
 """,
@@ -254,7 +263,10 @@ mask = np.arange(L) < np.array([L, L - 2])[:, None, None, None]
 """,
 }
 #: Guide pages whose ``python`` block is shown, not run here, and why.
-GUIDE_NOT_RUN = {"devices": "a torch.distributed process group over CUDA devices"}
+GUIDE_NOT_RUN = {
+    "devices": "a torch.distributed process group over CUDA devices",
+    "huggingface": "a transformers model: tests/test_huggingface.py runs the same calls",
+}
 
 
 def _python_blocks(page: Path) -> list[str]:

@@ -152,6 +152,16 @@ for block_size in (None, 3):
     assert differ(ring(q, block_size), whole(q)) < 1e-12
     g = jax.grad(lambda q: jnp.sum(ring(q, block_size) ** 2))(q)
     assert differ(g, jax.grad(lambda q: jnp.sum(whole(q) ** 2))(q)) < 1e-12
+
+# Positions and segment ids: each device's shards, the keys' travelling with them.
+pos = jnp.asarray(rng.integers(0, 20, size=(L,)))
+seg = jnp.asarray(rng.integers(0, 2, size=(L,)))
+ring_pos = jax.shard_map(
+    lambda q, k, v, p, s: relattn.ring_attention(
+        q, k, v, table, axis_name="seq", positions=p, segment_ids=s, block_size=3),
+    mesh=mesh, in_specs=(spec,) * 3 + (P("seq"),) * 2, out_specs=spec)(q, k, v, pos, seg)
+whole_pos = relattn.relative_attention(q, k, v, table, positions=pos, segment_ids=seg)
+assert differ(ring_pos, whole_pos) < 1e-12
 print("ok")
 """
 
@@ -159,7 +169,8 @@ print("ok")
 @pytest.mark.subprocess
 def test_ring_bias_and_block_size():
     """``ring_attention(bias=, block_size=)`` on 4 host devices equals one device, gradients
-    too (a fresh process: the device count is fixed when JAX starts)."""
+    too, and so do its ``positions`` and ``segment_ids`` (a fresh process: the device count
+    is fixed when JAX starts)."""
     pytest.importorskip("jax")
     import os
 

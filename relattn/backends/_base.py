@@ -85,11 +85,26 @@ class Backend:
     fused_attention : callable or None
         ``(q, k, v) -> kernel or None``: the library's own attention kernel for
         these inputs, where it takes them and is worth using;
-        ``kernel(*, bias, mask, scale) -> out`` computes
+        ``kernel(*, bias, mask, causal, scale) -> out`` computes
         ``softmax(q kᵀ · scale + bias, mask) v`` with relattn's semantics
-        (fully masked rows are zero). Asked before the bias is built, so that a
-        bias is never computed twice. ``None`` (the field) where the library has
-        no kernel worth using; relattn then runs the generic array-API path.
+        (fully masked rows are zero; either may be ``None``), or with
+        ``causal`` (``Lq = Lk``, no bias or mask) the causal attention.
+        Kernels add ``-inf`` for a mask, which a NaN or inf in a masked key
+        turns into NaN: the core offers a mask only for keys it has seen to
+        be finite (eager values), and runs its own paths otherwise. Asked
+        before the bias is built, so that a bias is never computed twice.
+        ``None`` (the field) where the library has no kernel worth using;
+        relattn then runs the generic array-API path.
+    matmul_transposed : callable or None
+        ``(a, b) -> a @ bᵀ`` over the last axis of both (leading dims
+        broadcast), where the library computes it faster than ``a @
+        matrix_transpose(b)``: XLA copies a transposed ``b`` first (a decode
+        step's whole key cache), ``jnp.einsum`` contracts in place. ``None``:
+        ``a @ matrix_transpose(b)``.
+    take_along_axis : callable or None
+        ``(x, indices, axis) -> out`` for arrays of equal shape but along
+        ``axis``: the standard's ``take_along_axis`` (2024.12), where the
+        namespace lacks it (Dask). ``None``: the namespace's own.
     rechunk_like : callable
         ``(x, like) -> x`` for ``x`` made from ``like`` by a reshape (the shift
         of :mod:`relattn.shift`), of ``like``'s shape but for the last axis:
@@ -118,5 +133,7 @@ class Backend:
     collective: Any = None
     join: Callable[..., Any] = _identity
     fused_attention: Callable[..., Any] | None = None
+    matmul_transposed: Callable[[Any, Any], Any] | None = None
+    take_along_axis: Callable[..., Any] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
     takes_blockwise: Callable[[Any], bool] = _always

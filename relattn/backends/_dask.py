@@ -30,7 +30,26 @@ def _rechunk_like(x: Any, like: Any) -> Any:
     return x if chunks == x.chunks else x.rechunk(chunks)
 
 
+def _take_along_axis(x: Any, indices: Any, axis: int) -> Any:
+    """The standard's ``take_along_axis`` for Dask arrays of equal shape but along ``axis``:
+    ``axis`` in one chunk, the other axes chunked alike, each chunk pair gathered by its
+    own library."""
+    import array_api_compat
+    import dask.array as da
+
+    axis %= x.ndim
+    x = x.rechunk({axis: -1})
+    chunks = tuple((indices.shape[axis],) if a == axis else c for a, c in enumerate(x.chunks))
+    indices = indices.rechunk(chunks)
+
+    def take(block: Any, index: Any) -> Any:
+        return array_api_compat.array_namespace(block).take_along_axis(block, index, axis=axis)
+
+    return da.map_blocks(take, x, indices, dtype=x.dtype, chunks=chunks)
+
+
 BACKEND = Backend(
+    take_along_axis=_take_along_axis,
     name="dask",
     has_values=_never,
     materialize=_persist,

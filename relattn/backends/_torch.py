@@ -76,14 +76,16 @@ def _join(x: Any, like: Any) -> Any:
     return DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
-def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: float) -> Any:
+def fused_attention(
+    q: Any, k: Any, v: Any, *, bias: Any, mask: Any, causal: bool, scale: float
+) -> Any:
     """``torch.nn.functional.scaled_dot_product_attention`` with relattn's semantics.
 
-    ``bias`` and ``mask`` become one ``attn_mask``: the boolean mask alone
-    (``True`` = may attend, the polarity of both), or the bias with ``-inf``
-    where the mask forbids. Rows with no allowed key are set to zero whatever
-    the kernel gives them. Inputs of one dtype and device, as relattn's
-    callers guarantee; leading dimensions broadcast as in the generic path.
+    ``bias`` and ``mask`` become one ``attn_mask``: the boolean mask alone (``True`` =
+    may attend, the polarity of both), or the bias with ``-inf`` where the mask forbids;
+    ``causal`` (``Lq = Lk``, no bias or mask) is SDPA's ``is_causal``. Rows with no
+    allowed key are set to zero whatever the kernel gives them. SDPA adds the ``-inf``
+    of a mask to the scores, so relattn offers it masks only for finite keys.
     """
     import torch
     import torch.nn.functional as F
@@ -94,7 +96,9 @@ def fused_attention(q: Any, k: Any, v: Any, *, bias: Any, mask: Any, scale: floa
         attn_mask = mask
     else:
         attn_mask = torch.where(mask, bias, -math.inf)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale
+    )
     if mask is not None:
         out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
     return out
