@@ -192,7 +192,9 @@ def check(
     key = None
     if backend_for(xp).has_values(q):
         arrays = (q, k, v, mask, *optional.values(), *integers.values())
-        options = (causal, lengths, block_scores, expand, *optional, *integers)
+        # expand: a closure per call (Shaw's), keyed by its code; it runs on every call.
+        shape_of = getattr(expand, "__code__", expand)
+        options = (causal, lengths, block_scores, shape_of, *optional, *integers)
         key = _signature(arrays, (*options, score_mod is None, mask_mod is None))
     layout = None if key is None else _LAYOUTS.get(key)
     if layout is None:
