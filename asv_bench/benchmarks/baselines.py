@@ -102,6 +102,19 @@ class RelativeAttentionVsNative(_TransformerXL, _VsNative):
     params = [common.BACKENDS, common.RATIO_LENGTHS, relative_attention.LAYOUTS]
 
 
+class DecodeVsNative(relative_attention._Decode, _VsNative):
+    """A decode step and chunked prefill against the same math written by hand: ``einsum``
+    on JAX (under ``jax.jit``, ``matmul`` of a transposed ``k`` copies the whole cache),
+    ``matmul`` elsewhere (the faster of the two there, ``asv_bench/compare.py``)."""
+
+    params = relative_attention._Decode.params
+
+    def native_call(self, backend, arrays, query_length, key_length):
+        q, k, v, table, u, pos = (arrays[name] for name in common.RELATIVE_NAMES)
+        way = "relative_attention_einsum" if backend.is_jax else "relative_attention"
+        return functools.partial(native.native(way, backend), q, k, v, table, u, pos)
+
+
 class RelativeAttentionNativeGPUMemory(_TransformerXL, _NativeGPUMemory):
     """Peak device memory of Transformer-XL's code (GPU backends only)."""
 
