@@ -138,6 +138,9 @@ def attention(p: Problem) -> Any:
         return xp.zeros(shape, dtype=p.dtype, device=array_api_compat.device(q))
     # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
     backend = backend_for(xp)
+    if p.has_positions and _default_positions(p, backend):
+        # Positions that are today's (up to a shift common to every row): the shift path.
+        p = dataclasses.replace(p, query_positions=None, key_positions=None)
     kernel = None
     if p.value_table is None and not p.programmable:
         kernel = fused_kernel(q, k, v, xp)
@@ -198,6 +201,24 @@ def attention(p: Problem) -> Any:
     if p.value_table is None:
         return weights @ v
     return weights @ v + value_term(weights, p.value_table, xp)
+
+
+def _default_positions(p: Problem, backend: Any) -> bool:
+    """Eager explicit positions equal to the contiguous default: query ``i`` at
+    ``i + Lk - Lq + c`` and key ``j`` at ``j + c``, one ``c`` for every row (a prefill at
+    ``c``). ``δ`` is then the default one and the shift path computes every term."""
+    qpos, kpos = p.query_positions, p.key_positions
+    whole = p.q.shape[-2] == p.lq and p.k.shape[-2] == p.lk  # not a block or a shard
+    if not (whole and backend.has_values(qpos) and backend.has_values(kpos)):
+        return False
+    xp = p.xp
+    device = array_api_compat.device(qpos)
+    q_start = qpos - xp.astype(xp.arange(p.lq, device=device), qpos.dtype)
+    k_start = kpos - xp.astype(xp.arange(p.lk, device=device), kpos.dtype)
+    # One start per side, the queries' Lk - Lq after the keys': δ(i, j) = j - (i + Lk - Lq).
+    first = k_start[..., :1]
+    same = xp.all(k_start == first) and xp.all(q_start - first[..., :1] == p.lk - p.lq)
+    return bool(same)
 
 
 def _causal(p: Problem) -> Any:

@@ -524,3 +524,24 @@ def test_score_mod_gradients_reach_closed_over_arrays(jit_backend, block_size, r
         jit_backend.to_host(grads[0]), jit_backend.to_host(grads[1]), rtol=1e-10
     )
     assert np.abs(jit_backend.to_host(grads[0])).max() > 0
+
+
+def test_default_positions_take_the_shift_path(backend, monkeypatch, rng):
+    """Positions that are the contiguous default up to one shift (a prefill at 7) equal no
+    positions, without the fold (eager values); a different shift per side does not."""
+    import relattn.core
+
+    calls = []
+    real = relattn.core.blockwise
+    monkeypatch.setattr(relattn.core, "blockwise", lambda p, b: (calls.append(b), real(p, b))[1])
+    data = _inputs(rng, 4, 6)
+    plain = _run(backend, "xl", {**data, "key_table": data["key_table"][:6]}, "float64")
+    table = {**data, "key_table": data["key_table"][:6]}  # the causal layout, W = Lk
+    shifted = (_ints(backend, np.arange(4) + 9), _ints(backend, np.arange(6) + 7))
+    got = _run(backend, "xl", table, "float64", positions=shifted)
+    backend.assert_close(got, backend.to_host(plain), "float64")
+    if backend.name != "dask":  # Dask's values are not at hand: it folds
+        assert calls == []
+    other = (_ints(backend, np.arange(4) + 9), _ints(backend, np.arange(6) + 6))
+    moved = _run(backend, "xl", table, "float64", positions=other)
+    assert not np.allclose(backend.to_host(moved), backend.to_host(plain))
