@@ -48,15 +48,34 @@ def test_demo_each_scheme_alone(scheme, capsys):
     assert len(re.findall(r" ok$", out, flags=re.M)) == 1
 
 
-def test_demo_every_installed_backend_small(tmp_path, capsys):
+@pytest.mark.parametrize("name", list(MODULES))
+def test_demo_every_installed_backend_small(name, tmp_path, capsys):
+    """Every scheme and its checks on each backend (one test each: the suite's workers
+    share them out)."""
+    from relattn.demo.runner import find_backends
+
+    _, skipped = find_backends([name])
+    if name in skipped:
+        pytest.skip(f"{name}: {skipped[name]}")
     text = tmp_path / "text.txt"
     text.write_text("relative attention, written once. " * 6, encoding="utf-8")
     small = ["--segment", "16", "--memory", "16", "--d-model", "16"]
-    code = main(["demo", "--backend", "all", "--text", str(text), *small])
+    code = main(["demo", "--backend", name, "--text", str(text), *small])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(rf"^xl +{name} ", out, flags=re.M), out
+
+
+def test_demo_all_backends_finds_and_runs_the_installed_ones(tmp_path, capsys):
+    """``--backend all``: every installed backend runs, the others are named as skipped."""
+    text = tmp_path / "text.txt"
+    text.write_text("relative attention, written once. " * 2, encoding="utf-8")
+    small = ["--segment", "8", "--memory", "8", "--d-model", "8", "--check", "none"]
+    code = main(["demo", "--backend", "all", "--scheme", "alibi", "--text", str(text), *small])
     out = capsys.readouterr().out
     assert code == 0, out
     for name in ("numpy", "array_api_strict"):
-        assert re.search(rf"^xl +{name} ", out, flags=re.M), name
+        assert re.search(rf"^alibi +{name} ", out, flags=re.M), name
 
 
 def test_demo_fails_loudly_when_a_check_fails(monkeypatch, capsys):
