@@ -1,0 +1,146 @@
+"""The GPU check, one command: the suite's GPU targets and the GPU rows of compare.py.
+
+Run from a checkout on a machine with a GPU::
+
+    python asv_bench/gpu_check.py            # about 2–5 minutes on one H100/H200
+
+It installs nothing. It runs:
+
+1. the tests of the GPU targets (``cupy``, ``torch_cuda``, ``jax_gpu``) in worker
+   processes, one per 2 CPU cores (``-m "not subprocess"``);
+2. ``compare.py --backend torch_cuda --only gpu`` (relattn against SDPA on CUDA).
+
+Then it prints passed, failed and skipped per target, and the benchmark table.
+It exits non-zero if a test fails, or if no GPU library finds a device.
+
+A GPU machine often has torch, jax, cupy, numpy, pytest, pytest-xdist and
+hypothesis, but not ``array-api-compat``, ``array-api-extra`` or
+``array-api-strict``. Bring those as wheels; they are pure Python
+(``py3-none-any``):
+
+    pip download --no-deps -d wheels array-api-compat array-api-extra array-api-strict tqdm
+    # copy wheels/ to the GPU machine, then there:
+    python -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl
+    PYTHONPATH=/tmp/site:$PWD python asv_bench/gpu_check.py
+
+``--dry-run`` prints the commands and the devices found, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("cupy", "torch_cuda", "jax_gpu")
+NEEDED = ("array_api_compat", "array_api_extra", "array_api_strict", "pytest", "xdist")
+
+
+def devices() -> dict[str, str]:
+    """The GPU targets whose library finds a device, each with a one-line description."""
+    found = {}
+    if importlib.util.find_spec("torch"):
+        import torch
+
+        if torch.cuda.is_available():
+            found["torch_cuda"] = f"torch {torch.__version__}: {torch.cuda.get_device_name(0)}"
+    if importlib.util.find_spec("jax"):
+        import jax
+
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        if gpus:
+            found["jax_gpu"] = f"jax {jax.__version__}: {gpus[0].device_kind}"
+    if importlib.util.find_spec("cupy"):
+        import cupy
+
+        try:
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                found["cupy"] = f"cupy {cupy.__version__}"
+        except cupy.cuda.runtime.CUDARuntimeError:
+            pass
+    return found
+
+
+def missing() -> list[str]:
+    """The Python packages the check needs that this interpreter cannot import."""
+    return [name for name in NEEDED if importlib.util.find_spec(name) is None]
+
+
+def suite_command(targets: list[str], report: Path) -> list[str]:
+    """pytest on the GPU targets' tests, writing a JUnit report."""
+    workers = max(1, (os.cpu_count() or 2) // 2)
+    return [
+        sys.executable, "-m", "pytest", str(ROOT / "tests"), "-q", "-p", "no:cacheprovider",
+        "-n", str(workers), "--dist", "load", "-m", "not subprocess",
+        "-k", " or ".join(targets), f"--junitxml={report}",
+    ]  # fmt: skip
+
+
+def per_target(report: Path, targets: list[str]) -> dict[str, collections.Counter]:
+    """Passed, failed and skipped counts per target, from a JUnit report."""
+    counts = {name: collections.Counter() for name in targets}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = case.get("name", "")
+        target = next((t for t in targets if t in name), None)
+        if target is None:
+            continue
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts[target]["failed"] += 1
+        elif case.find("skipped") is not None:
+            counts[target]["skipped"] += 1
+        else:
+            counts[target]["passed"] += 1
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="print what would run")
+    args = parser.parse_args(argv)
+    found = devices()
+    for name in TARGETS:
+        print(f"{name:11s} {found.get(name, 'no device')}")
+    lacking = missing()
+    if lacking:
+        print(f"missing Python packages: {', '.join(lacking)} (see this file's docstring)")
+        return 2
+    if not found:
+        print("no GPU found: nothing to check")
+        return 1
+    targets = [name for name in TARGETS if name in found]
+    env = {**os.environ, "RELATTN_BACKENDS": ",".join(targets)}
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch and CuPy
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "gpu.xml"
+        tests = suite_command(targets, report)
+        bench = [sys.executable, str(ROOT / "asv_bench" / "compare.py"), "--quick",
+                 "--backend", "torch_cuda", "--only", "gpu"]  # fmt: skip
+        if args.dry_run:
+            print(" ".join(tests))
+            if "torch_cuda" in found:
+                print(" ".join(bench))
+            return 0
+        print(f"running the GPU targets' tests: {' '.join(targets)}", flush=True)
+        done = subprocess.run(tests, cwd=ROOT, env=env, check=False)
+        counts = per_target(report, targets) if report.exists() else {}
+    print("\n| target | passed | failed | skipped |\n|---|---|---|---|")
+    for name, c in counts.items():
+        print(f"| {name} | {c['passed']} | {c['failed']} | {c['skipped']} |")
+    if "torch_cuda" in found:
+        print("\nGPU benchmark rows:", flush=True)
+        subprocess.run(bench, cwd=ROOT, env=env, check=False)
+    return 0 if done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
