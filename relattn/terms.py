@@ -21,6 +21,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._checks import broadcast_shapes
 from .backends import backend_for
 from .problem import Problem
 from .shift import extend, shift
@@ -169,17 +170,18 @@ def block_positions(p: Problem, qpos: Any, kpos: Any, block: Block, device: Any)
 
 def gather_columns(a: Any, columns: Any, xp: Any) -> Any:
     """``out[..., r, c] = a[..., r, columns[..., r, c]]``, leading dims broadcast."""
-    lead = _broadcast(a.shape[:-1], columns.shape[:-1])
+    lead = _lead(a.shape[:-1], columns.shape[:-1])
     a = xp.broadcast_to(a, (*lead, a.shape[-1]))
     columns = xp.broadcast_to(columns, (*lead, columns.shape[-1]))
     take = backend_for(xp).take_along_axis or xp.take_along_axis
     return take(a, columns, axis=-1)
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    ndim = max(len(s) for s in shapes)
-    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
-    return tuple(max(sizes) if 1 in sizes else sizes[0] for sizes in zip(*padded, strict=True))
+def _lead(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast leading dims of a block's operands (checked to broadcast already)."""
+    lead = broadcast_shapes(*shapes)
+    assert lead is not None
+    return lead
 
 
 def _columns(p: Problem, table: Any, delta: Any, axis: int) -> tuple[Any, Any]:
@@ -245,7 +247,7 @@ def _take_rows(table: Any, index: Any, xp: Any) -> Any:
     if index.ndim == 1:
         return xp.take(table, index, axis=table.ndim - 2)
     d = table.shape[-1]
-    lead = _broadcast(table.shape[:-2], index.shape[:-1])
+    lead = _lead(table.shape[:-2], index.shape[:-1])
     n = index.shape[-1]
     columns = xp.broadcast_to(index[..., :, None], (*lead, n, d))
     # Gather whole rows: along the width axis of the table, one column per feature.
