@@ -35,7 +35,13 @@ from typing import Any
 import array_api_compat
 
 from .backends import backend_for
-from .fold import blockwise, dense_chunk, dense_in_query_blocks, select_visible_keys
+from .fold import (
+    blockwise,
+    clean_unless_finite,
+    dense_chunk,
+    dense_in_query_blocks,
+    select_visible_keys,
+)
 from .problem import Problem
 from .shift import unshift
 from .terms import matmul_transposed, relative_term, visible_mask
@@ -138,19 +144,20 @@ def attention(p: Problem) -> Any:
         return xp.zeros(shape, dtype=p.dtype, device=array_api_compat.device(q))
     # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
     backend = backend_for(xp)
-    if p.has_positions and _default_positions(p, backend):
-        # Positions that are today's (up to a shift common to every row): the shift path.
+    mods = p.score_mod is not None or p.mask_mod is not None  # they read the positions
+    if p.has_positions and not mods and _default_positions(p, backend):
+        # Positions that are today's (up to a shift per row): the shift path.
         p = dataclasses.replace(p, query_positions=None, key_positions=None)
     kernel = None
     if p.value_table is None and not p.programmable:
         kernel = fused_kernel(q, k, v, xp)
     kernel_causal = p.causal and p.lq == p.lk and not p.has_terms and p.bias is None
-    if kernel is not None and (p.mask is not None or (p.causal and not kernel_causal)):
-        # A kernel adds -inf for a mask (Backend.fused_attention): a NaN or inf in a masked
-        # key would reach every row. It takes the call when the keys are finite, which
-        # eager values show; otherwise relattn's paths select the masked scores out.
-        if not (backend.has_values(k) and bool(xp.all(xp.isfinite(k)))):
-            kernel = None
+    # A kernel adds -inf for a mask (Backend.fused_attention): a NaN or inf in a masked key
+    # would reach every row. Its output is checked where values are at hand, and relattn's
+    # paths (which select the masked scores out) run where it is not finite or not checked.
+    checked = kernel is not None and (p.mask is not None or (p.causal and not kernel_causal))
+    if checked and not backend.has_values(k):
+        kernel = None
     blockable = backend.takes_blockwise(q)
     block_size = p.block_size
     if block_size is not None and not blockable:
@@ -179,34 +186,63 @@ def attention(p: Problem) -> Any:
     if block_size is not None and nonempty:
         return blockwise(p, block_size)
     if kernel is not None:
-        # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
-        if kernel_causal and p.mask is None:
-            return kernel(bias=None, mask=None, causal=True, scale=1.0)
-        # Finite keys: a causal term filled with -inf beyond δ = 0 is the causal mask itself.
-        fills = p.causal and (p.key_table is not None or p.relative_bias is not None)
-        mask = p.mask if fills and p.lq <= p.lk else _causal(p)
-        return kernel(bias=_position(p, fill=-math.inf if fills else 0.0), mask=mask,
-                      causal=False, scale=1.0)  # fmt: skip
+        out = _kernel(p, kernel, kernel_causal)
+        if not checked or bool(xp.all(xp.isfinite(out))):
+            return out
+        # A non-finite key or value met the kernel's mask: relattn's own paths, chosen as
+        # where there is no kernel.
+        block_size = automatic_block_size(p) if blockable else None
+        if block_size is not None:
+            return blockwise(p, block_size)
     mask = _causal(p)
     if backend.query_chunks and blockable and nonempty and dense_chunk(p) < p.lq:
         return dense_in_query_blocks(p)
-    if p.mask is not None:
+    if p.mask is None:
+        return _dense(p, mask, backend)[0]
+
+    def clean() -> Any:
         # Keys that no query may see are selected out, whatever they hold (NaN in an
-        # unfilled cache slot): their scores are masked, and neither q kᵀ nor P v meets them.
-        k, v = select_visible_keys(k, mask, xp), select_visible_keys(v, mask, xp)
-        if p.ks is not None:
-            p = dataclasses.replace(p, ks=select_visible_keys(p.ks, mask, xp))
+        # unfilled cache slot): neither q kᵀ nor P v (nor a gradient) meets them.
+        def visible(x: Any) -> Any:
+            return None if x is None else select_visible_keys(x, mask, xp)
+
+        clean = dataclasses.replace(p, k=visible(p.k), v=visible(p.v), ks=visible(p.ks))
+        return _dense(clean, mask, backend)[0]
+
+    keys = tuple(x for x in (p.k, p.v, p.ks) if x is not None)
+    return clean_unless_finite(lambda: _dense(p, mask, backend), clean, keys, mask, xp)
+
+
+def _kernel(p: Problem, kernel: Any, kernel_causal: bool) -> Any:
+    """The call on the backend's fused kernel."""
+    # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
+    if kernel_causal and p.mask is None:
+        return kernel(bias=None, mask=None, causal=True, scale=1.0)
+    # A causal term filled with -inf beyond δ = 0 is the causal mask itself.
+    fills = p.causal and (p.key_table is not None or p.relative_bias is not None)
+    mask = p.mask if fills and p.lq <= p.lk else _causal(p)
+    return kernel(bias=_position(p, fill=-math.inf if fills else 0.0), mask=mask,
+                  causal=False, scale=1.0)  # fmt: skip
+
+
+def _dense(p: Problem, mask: Any, backend: Any) -> tuple[Any, Any]:
+    """The dense path's output, and the scores and output as one probe of their finiteness
+    (:func:`relattn.fold.clean_unless_finite`)."""
+    xp, q = p.xp, p.q
     mask, bias = backend.join(mask, q), backend.join(_position(p), q)
-    weights = softmax(scores(q, k, bias, 1.0, xp), mask, -1, xp)
-    if p.value_table is None:
-        return weights @ v
-    return weights @ v + value_term(weights, p.value_table, xp)
+    s = scores(q, p.k, bias, 1.0, xp)
+    weights = softmax(s, mask, -1, xp)
+    out = weights @ p.v
+    if p.value_table is not None:
+        out = out + value_term(weights, p.value_table, xp)
+    return out, (s, out)
 
 
 def _default_positions(p: Problem, backend: Any) -> bool:
     """Eager explicit positions equal to the contiguous default: query ``i`` at
-    ``i + Lk - Lq + c`` and key ``j`` at ``j + c``, one ``c`` for every row (a prefill at
-    ``c``). ``δ`` is then the default one and the shift path computes every term."""
+    ``i + Lk - Lq + c`` and key ``j`` at ``j + c``, ``c`` one offset per row (a prefill at
+    ``c``, a left-padded row). ``δ`` is then the default one and the shift path computes
+    every term."""
     qpos, kpos = p.query_positions, p.key_positions
     whole = p.q.shape[-2] == p.lq and p.k.shape[-2] == p.lk  # not a block or a shard
     if not (whole and backend.has_values(qpos) and backend.has_values(kpos)):

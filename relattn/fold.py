@@ -142,15 +142,29 @@ def block_step(
     (float32 accumulators for half-precision inputs).
     """
     dtype = state.accumulator.dtype
-    if visible is not None:
-        v = select_visible_keys(v, visible, xp)
     if scores.dtype != dtype:
         scores = xp.astype(scores, dtype)
     peak = xp.maximum(state.peak, xp.max(scores, axis=-1, keepdims=True))
     safe = _finite_or_zero(peak, xp)
     weights = xp.exp(scores - safe)
     rescale = xp.exp(state.peak - safe)
-    update = weights @ (v if v.dtype == dtype else xp.astype(v, dtype))
+
+    def product(v: Any) -> Any:
+        return weights @ (v if v.dtype == dtype else xp.astype(v, dtype))
+
+    def checked() -> tuple[Any, Any]:
+        update = product(v)
+        return update, update  # the product is its own probe
+
+    if visible is None:
+        update = product(v)
+    else:
+        # A non-finite value makes its whole feature column of P v non-finite (0 · NaN
+        # included): only then are the values that no query sees selected out and the
+        # product taken again.
+        update = clean_unless_finite(
+            checked, lambda: product(select_visible_keys(v, visible, xp)), (v,), visible, xp
+        )
     if value_table is not None:
         spread = unshift(weights, xp)[..., : value_table.shape[-2]]
         table = value_table if value_table.dtype == dtype else xp.astype(value_table, dtype)
@@ -160,6 +174,60 @@ def block_step(
         update = update + xp.sum(weights[..., None] * rows, axis=-2)
     total = state.total * rescale + xp.sum(weights, axis=-1, keepdims=True)
     return BlockState(state.accumulator * rescale + update, peak, total)
+
+
+def clean_unless_finite(
+    first: Callable[[], tuple[Any, Any]],
+    clean: Callable[[], Any],
+    inputs: tuple[Any, ...],
+    visible: Any,
+    xp: Any,
+) -> Any:
+    """``first() = (result, probe)``'s result where no NaN from a masked slot can be in it,
+    else ``clean()``: the same computation with the keys or values that no query sees
+    (``visible (..., bq, bk)``) selected out (:func:`select_visible_keys`), whatever
+    those hold.
+
+    Where some query sees every key of the block, ``first()`` is the result. Otherwise,
+    on values at hand, ``first()`` runs and ``clean()`` only if its ``probe`` is not all
+    finite: a NaN or inf in a key makes its column of ``q kᵀ`` non-finite, and in a value
+    its feature column of ``P v`` (``0 · NaN`` is NaN), so ``bq × bk`` or ``bq × d_v``
+    cells tell whether a pass over the block's ``bk × d`` keys or values is needed.
+    Traced with the backend's ``cond`` (``jax.jit``, ``jax.grad``), the branch is chosen
+    on ``inputs`` (the block's keys or values) and both computations sit inside it, so
+    that a gradient never passes through the unclean one (its ``0 · NaN`` would reach
+    it). Traced without a ``cond`` (``torch.compile``): ``clean()``. A NaN in an unseen
+    slot reaches neither the output nor a gradient.
+    """
+    backend = backend_for(xp)
+    every_key_seen = xp.all(xp.any(visible, axis=-2)) if visible.ndim >= 2 else xp.all(visible)
+    if backend.has_values(inputs[0]):
+        if bool(every_key_seen):
+            return first()[0]
+        with backend.quiet():
+            result, probe = first()
+            probes = probe if isinstance(probe, tuple) else (probe,)
+            if all(bool(_all_finite(x, xp)) for x in probes):
+                return result
+        return clean()
+    cond = backend.cond
+    if cond is None:
+        return clean()
+
+    def unless_finite(_: Any) -> Any:
+        finite = _all_finite(inputs[0], xp)
+        for x in inputs[1:]:
+            finite = finite & _all_finite(x, xp)
+        return cond(finite, lambda _: first()[0], lambda _: clean(), None)
+
+    return cond(every_key_seen, lambda _: first()[0], unless_finite, None)
+
+
+def _all_finite(x: Any, xp: Any) -> Any:
+    """Whether ``x`` holds no NaN or inf, as a 0-d boolean: its sum is finite (a reduction
+    that writes nothing; an overflowing sum of finite values says False, which costs a
+    clean pass, never a wrong result)."""
+    return xp.isfinite(xp.sum(x, dtype=accumulator_dtype(x.dtype, xp)))
 
 
 def select_visible_keys(v: Any, visible: Any, xp: Any) -> Any:
@@ -217,12 +285,31 @@ def pair_scores(
     slot's NaN meets no ``q·k``).
     """
     xp = p.xp
-    k, ks = kb.k, kb.ks
-    if visible is not None and unseen_keys:
-        # Keys that no query of the block may see, whatever they hold, meet no product.
-        k = select_visible_keys(k, visible, xp)
-        ks = None if ks is None else select_visible_keys(ks, visible, xp)
-    s = matmul_transposed(rows.q, k, xp)
+    if visible is None or not unseen_keys:
+        return _pair_scores(p, rows, kb.k, kb.ks, kb.bias, block, at, visible)[0]
+
+    def clean() -> Any:
+        # Keys that no query of the block may see, whatever they hold, meet no product:
+        # their NaN would reach q's gradient as 0 · NaN.
+        k = select_visible_keys(kb.k, visible, xp)
+        ks = None if kb.ks is None else select_visible_keys(kb.ks, visible, xp)
+        return _pair_scores(p, rows, k, ks, kb.bias, block, at, visible)[0]
+
+    return clean_unless_finite(
+        lambda: _pair_scores(p, rows, kb.k, kb.ks, kb.bias, block, at, visible),
+        clean,
+        (kb.k,) if kb.ks is None else (kb.k, kb.ks),
+        visible,
+        xp,
+    )
+
+
+def _pair_scores(
+    p: Problem, rows: Problem, k: Any, ks: Any, bias: Any, block: Block, at: Any, visible: Any
+) -> tuple[Any, Any]:
+    """:func:`pair_scores` with the given keys, and the content product ``q kᵀ``."""
+    xp = p.xp
+    content = s = matmul_transposed(rows.q, k, xp)
     if p.has_positions:
         term = relative_term_at(p, rows.qp, ks, at[1] - at[0])
     else:
@@ -230,8 +317,8 @@ def pair_scores(
         term = relative_term(p, rows.qp, ks, block, fill=0.0)
     if term is not None:
         s = s + term
-    if kb.bias is not None:
-        s = s + kb.bias
+    if bias is not None:
+        s = s + bias
     if p.score_mod is not None:
         s = _score_mod(p, s, at)
     if visible is not None:
@@ -239,7 +326,7 @@ def pair_scores(
         s = xp.where(
             visible, s, xp.full((), -math.inf, dtype=s.dtype, device=array_api_compat.device(s))
         )
-    return s
+    return s, content
 
 
 def pair_visible(

@@ -399,6 +399,46 @@ def test_a_nan_key_in_the_causal_future_stays_there(backend, block_size, rng):
         assert np.isnan(out[..., 5:, :]).all()  # rows that see the NaN key: NaN, as they must
 
 
+@pytest.mark.parametrize("path", ["mask", "blockwise", "positions"])
+def test_nan_in_unfilled_slots_reaches_no_gradient(jit_backend, path, rng):
+    """The gradients of a call over a cache whose 3 unfilled slots hold NaN (keys) and inf
+    (values) equal those of the same cache holding zeros: finite for q, and 0 for the
+    unfilled slots (torch autograd on eager values; ``jax.grad``, whose traced branch is
+    ``lax.cond``)."""
+    lmax, filled, lq = 8, 5, 2
+    data = _inputs(rng, lq, lmax)
+    table = jit_backend.asarray(data["key_table"], "float64")
+    keep = np.arange(lmax) < filled
+    kw = {"mask": jit_backend.asarray(keep)}
+    if path == "blockwise":
+        kw["block_size"] = (1, 3)
+    if path == "positions":
+        kw = {"causal": True, "positions": (_ints(jit_backend, np.arange(filled - lq, filled)),
+                                            _ints(jit_backend, np.arange(lmax)))}  # fmt: skip
+
+    def loss(q, k, v):
+        out = relattn.relative_attention(q, k, v, table, **kw)
+        return (out**2).sum()
+
+    grads = []
+    for k_fill, v_fill in ((0.0, 0.0), (np.nan, np.inf)):
+        k, v = data["k"].copy(), data["v"].copy()
+        k[..., filled:, :], v[..., filled:, :] = k_fill, v_fill
+        args = [jit_backend.asarray(x, "float64") for x in (data["q"], k, v)]
+        if jit_backend.is_jax:
+            import jax
+
+            grads.append([jit_backend.to_host(g) for g in jax.grad(loss, (0, 1, 2))(*args)])
+        else:
+            args = [a.requires_grad_() for a in args]
+            loss(*args).backward()
+            grads.append([jit_backend.to_host(a.grad) for a in args])
+    for clean, dirty in zip(*grads, strict=True):
+        assert np.isfinite(dirty).all()
+        np.testing.assert_allclose(dirty, clean, rtol=1e-12, atol=1e-12)
+    assert not grads[1][1][..., filled:, :].any() and not grads[1][2][..., filled:, :].any()
+
+
 # -------------------------------------------------------------------------------------------
 # A decode loop over a static cache: one compile for the whole generation
 # -------------------------------------------------------------------------------------------
@@ -527,8 +567,9 @@ def test_score_mod_gradients_reach_closed_over_arrays(jit_backend, block_size, r
 
 
 def test_default_positions_take_the_shift_path(backend, monkeypatch, rng):
-    """Positions that are the contiguous default up to one shift (a prefill at 7) equal no
-    positions, without the fold (eager values); a different shift per side does not."""
+    """Positions that are the contiguous default up to a shift per row (a prefill at 7,
+    rows at offsets 3 and 10) equal no positions, without the fold (eager values); a
+    different shift per side does not."""
     import relattn.core
 
     calls = []
@@ -540,8 +581,30 @@ def test_default_positions_take_the_shift_path(backend, monkeypatch, rng):
     shifted = (_ints(backend, np.arange(4) + 9), _ints(backend, np.arange(6) + 7))
     got = _run(backend, "xl", table, "float64", positions=shifted)
     backend.assert_close(got, backend.to_host(plain), "float64")
+    offsets = np.array([3, 10])[:, None, None]  # (B, 1, 1): one offset per batch row
+    per_row = (_ints(backend, np.arange(4) + 2 + offsets), _ints(backend, np.arange(6) + offsets))
+    got = _run(backend, "xl", table, "float64", positions=per_row)
+    backend.assert_close(got, backend.to_host(plain), "float64")
     if backend.name != "dask":  # Dask's values are not at hand: it folds
         assert calls == []
     other = (_ints(backend, np.arange(4) + 9), _ints(backend, np.arange(6) + 6))
     moved = _run(backend, "xl", table, "float64", positions=other)
     assert not np.allclose(backend.to_host(moved), backend.to_host(plain))
+
+
+@pytest.mark.parametrize("mod", ["score_mod", "mask_mod"])
+def test_mods_see_the_given_positions_even_when_they_are_the_default_ones(backend, mod, rng):
+    """Positions equal to the default up to a shift (100) still reach ``score_mod`` and
+    ``mask_mod`` as given: a prefix of keys before position 102 masked or penalised."""
+    xp = backend.xp
+    data = _inputs(rng, 4, 4)
+    pos = _ints(backend, np.arange(4) + 100)
+    if mod == "mask_mod":
+        kw = {"mask_mod": lambda b, h, qp, kp: kp >= 102}
+        want = {"mask": backend.asarray(np.arange(4) >= 2)}
+    else:
+        kw = {"score_mod": lambda s, b, h, qp, kp: s - 5.0 * xp.astype(kp < 102, s.dtype)}
+        want = {"bias": backend.asarray(np.where(np.arange(4) < 2, -5.0, 0.0), "float64")}
+    got = _run(backend, "t5", data, "float64", positions=pos, **kw)
+    backend.assert_close(got, backend.to_host(_run(backend, "t5", data, "float64", **want)),
+                         "float64")  # fmt: skip

@@ -103,6 +103,24 @@ def numpy_relative_attention_einsum(
     return lib.einsum("...qk,...kd->...qd", numpy_softmax(scores, mask, lib), v)
 
 
+def numpy_cached_decode(q, k, v, position_table, content_bias, position_bias, filled,
+                        scale=None, lib: Any = np):  # fmt: skip
+    """One Transformer-XL decode step against a static cache of ``Lmax`` slots, row ``b``
+    filled up to ``filled[b]`` (the step's own key included): the query at position
+    ``filled - 1``, slot ``j`` at ``j``; the table in the causal layout of ``Lmax`` rows
+    (``δ = -(Lmax - 1) … 0``), read at row ``j - filled + Lmax`` (clipped) per slot; the
+    unfilled slots masked. ``q (B, H, 1, d)``, ``filled (B,)`` integers."""
+    lmax, d = k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    slots = lib.arange(lmax)
+    ac = (q + content_bias) @ lib.swapaxes(k, -1, -2)
+    rows = lib.clip(slots[None, :] - filled[:, None] + lmax, 0, lmax - 1)  # (B, Lmax)
+    bd = (q + position_bias) @ lib.swapaxes(position_table, -1, -2)  # (B, H, 1, Lmax)
+    bd = lib.take_along_axis(bd, rows[:, None, None, :], axis=-1)
+    mask = (slots[None, :] < filled[:, None])[:, None, None, :]
+    return numpy_softmax((ac + bd) * scale, mask, lib) @ v
+
+
 def numpy_attention(q, k, v, bias, scale=None, lib: Any = np):
     """``softmax(q kᵀ · scale + bias) v``."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -239,6 +257,23 @@ def torch_relative_attention_einsum(
         )
         scores = scores.masked_fill(blocked, -math.inf)
     return torch.einsum("...qk,...kd->...qd", torch.softmax(scores, dim=-1), v)
+
+
+def torch_cached_decode(q, k, v, position_table, content_bias, position_bias, filled,
+                        scale=None):  # fmt: skip
+    """:func:`numpy_cached_decode` in PyTorch (``take_along_dim``, ``masked_fill``)."""
+    import torch
+
+    lmax, d = k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    slots = torch.arange(lmax, device=q.device)
+    ac = torch.matmul(q + content_bias, k.transpose(-1, -2))
+    rows = (slots[None, :] - filled[:, None] + lmax).clamp(0, lmax - 1)
+    bd = torch.matmul(q + position_bias, position_table.transpose(-1, -2))
+    bd = torch.take_along_dim(bd, rows[:, None, None, :], dim=-1)
+    unfilled = (slots[None, :] >= filled[:, None])[:, None, None, :]
+    scores = ((ac + bd) * scale).masked_fill(unfilled, -math.inf)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def torch_attention(q, k, v, bias, scale=None):
@@ -389,6 +424,25 @@ def jax_relative_attention_einsum(q, k, v, position_table, content_bias, positio
     return jnp.einsum("...qk,...kd->...qd", jax.nn.softmax(scores, axis=-1), v)
 
 
+def jax_cached_decode(q, k, v, position_table, content_bias, position_bias, filled,
+                      scale=None):  # fmt: skip
+    """:func:`numpy_cached_decode` in ``jax.numpy``, its products as ``einsum`` (the faster
+    way under ``jax.jit`` on the CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    lmax, d = k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    slots = jnp.arange(lmax)
+    ac = jnp.einsum("...qd,...kd->...qk", q + content_bias, k)
+    rows = jnp.clip(slots[None, :] - filled[:, None] + lmax, 0, lmax - 1)
+    bd = jnp.einsum("...qd,...wd->...qw", q + position_bias, position_table)
+    bd = jnp.take_along_axis(bd, rows[:, None, None, :], axis=-1)
+    mask = (slots[None, :] < filled[:, None])[:, None, None, :]
+    scores = jnp.where(mask, (ac + bd) * scale, -jnp.inf)
+    return jnp.einsum("...qk,...kd->...qd", jax.nn.softmax(scores, axis=-1), v)
+
+
 def jax_attention(q, k, v, bias, scale=None):
     """``jax.nn.dot_product_attention`` on ``(B, H, L, d)`` arrays.
 
@@ -471,6 +525,11 @@ NATIVE = {
         "numpy": numpy_relative_attention_einsum,
         "torch": torch_relative_attention_einsum,
         "jax": jax_relative_attention_einsum,
+    },
+    "cached_decode": {
+        "numpy": numpy_cached_decode,
+        "torch": torch_cached_decode,
+        "jax": jax_cached_decode,
     },
     "scaled_dot_product_attention": {
         "numpy": numpy_attention,
@@ -557,9 +616,12 @@ def check(backend_name: str) -> None:
         raise NotImplementedError(f"no native baselines for {backend_name}")
     tol = {"rtol": 2e-4, "atol": 2e-5}
 
-    def same(function: str, args: tuple, kwargs: dict, native_args: tuple | None = None) -> None:
-        ours = common.relattn_function(function, backend)(*args, **kwargs)
-        theirs = native(function, backend)(*(args if native_args is None else native_args))
+    def same(function: str, args: tuple, kwargs: dict, native_args: tuple | None = None, *,
+             native_function: str | None = None) -> None:  # fmt: skip
+        ours = getattr(relattn, function)(*args, **kwargs)
+        theirs = native(native_function or function, backend)(
+            *(args if native_args is None else native_args)
+        )
         np.testing.assert_allclose(
             backend.to_host(theirs),
             backend.to_host(ours),
@@ -592,6 +654,19 @@ def check(backend_name: str) -> None:
             # native shift leaves other rows' values, which attention masks.
             keep = np.tri(lq, lk, lk - lq, dtype=bool) if layout == "causal" else True
             np.testing.assert_allclose(np.where(keep, theirs, 0), np.where(keep, ours, 0), **tol)
+        # A decode step against a cache of lk slots, rows filled to lk and 3.
+        arrays = common.on(backend, common.relative_inputs(1, "causal", key_len=lk))
+        q, k, v, table, u, pos = (arrays[n] for n in common.RELATIVE_NAMES)
+        filled = np.array([lk, 3])  # B = 2 rows
+        positions = (backend.asarray((filled - 1).reshape(2, 1, 1)),
+                     backend.asarray(np.arange(lk)[None, None, :]))  # fmt: skip
+        same(
+            "relative_attention",
+            (q, k, v, table),
+            {"content_bias": u, "position_bias": pos, "causal": True, "positions": positions},
+            (q, k, v, table, u, pos, backend.asarray(filled)),
+            native_function="cached_decode",
+        )
         arrays = common.on(backend, common.bias_inputs(lq, key_len=lk))
         same(
             "scaled_dot_product_attention",

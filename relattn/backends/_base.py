@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +92,9 @@ class Backend:
         (fully masked rows are zero; either may be ``None``), or with
         ``causal`` (``Lq = Lk``, no bias or mask) the causal attention.
         Kernels add ``-inf`` for a mask, which a NaN or inf in a masked key
-        turns into NaN: the core offers a mask only for keys it has seen to
-        be finite (eager values), and runs its own paths otherwise. Asked
+        turns into NaN: with a mask the core keeps a kernel's output only
+        where it sees it finite (eager values), and runs its own paths
+        otherwise. Asked
         before the bias is built, so that a bias is never computed twice.
         ``None`` (the field) where the library has no kernel worth using;
         relattn then runs the generic array-API path.
@@ -117,6 +120,11 @@ class Backend:
         ``x -> bool``: the blockwise path runs on arrays like ``x``. ``False``
         for PyTorch's ``DTensor``, which refuses to mix with the plain tensors
         that the block loop starts from; the automatic choice then stays dense.
+    quiet : callable
+        ``() -> context manager`` inside which the library warns of no NaN or
+        inf it computes (NumPy's ``errstate``): the first try of
+        :func:`relattn.fold.clean_unless_finite` meets the NaN of an unfilled
+        cache slot by design. A null context elsewhere.
     """
 
     name: str
@@ -137,3 +145,4 @@ class Backend:
     take_along_axis: Callable[..., Any] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
     takes_blockwise: Callable[[Any], bool] = _always
+    quiet: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
