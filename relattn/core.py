@@ -70,15 +70,19 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
     # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
     # leaves every other row alone and makes that row's weights exp(-inf) = 0.
     lowest = xp.full((), xp.finfo(scores.dtype).min, dtype=scores.dtype, device=device)
-    peak = xp.maximum(xp.max(scores, axis=axis, keepdims=True), lowest)
+    # The shift cancels in the quotient: no gradient flows through the peak.
+    peak = backend_for(xp).stop_gradient(
+        xp.maximum(xp.max(scores, axis=axis, keepdims=True), lowest)
+    )
     shifted = scores - peak
     del scores
     weights = xp.exp(shifted)
     del shifted
     # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
-    # dividing by max(total, 1) keeps an empty row 0, never 0/0, and changes no other.
+    # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no other
+    # (selected, not max(total, 1), whose gradient splits at a total of exactly 1).
     total = xp.sum(weights, axis=axis, keepdims=True)
-    return weights / xp.maximum(total, xp.ones((), dtype=total.dtype, device=device))
+    return weights / xp.where(total > 0, total, xp.ones((), dtype=total.dtype, device=device))
 
 
 def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:

@@ -144,7 +144,11 @@ def block_step(
     dtype = state.accumulator.dtype
     if scores.dtype != dtype:
         scores = xp.astype(scores, dtype)
-    peak = xp.maximum(state.peak, xp.max(scores, axis=-1, keepdims=True))
+    # The shift by the peak changes no result (it cancels between the accumulator and the
+    # total): no gradient flows through it, as in every flash kernel.
+    peak = backend_for(xp).stop_gradient(
+        xp.maximum(state.peak, xp.max(scores, axis=-1, keepdims=True))
+    )
     safe = _finite_or_zero(peak, xp)
     weights = xp.exp(scores - safe)
     rescale = xp.exp(state.peak - safe)

@@ -27,9 +27,12 @@ def rotary_position_embedding(
     x : array of shape (..., L, d), real floating
         Queries or keys, one row per position (any leading batch and head
         dimensions).
-    positions : array of shape (L,), integer or real floating, optional
+    positions : array of shape (L,) or (..., L), integer or real floating, optional
         Position of each row, in token positions; default ``0 … L-1``. A
-        decoder with a cache of ``n`` tokens passes ``n + arange(L)``.
+        decoder with a cache of ``n`` tokens passes ``n + arange(L)``; a batch
+        whose rows sit at their own offsets (left padding, a cache filled to a
+        different length per row) passes ``(B, 1, L)``: leading dims that
+        broadcast to ``x``'s (SPEC §2.15's ``positions=``).
     base : float, optional
         ``θ_k = base^(-2k/r)``, ``k = 0 … r/2 - 1`` (10000 in RoFormer and
         LLaMA; 500000 in LLaMA-3).
@@ -64,7 +67,8 @@ def rotary_position_embedding(
     ------
     ValueError
         If ``d`` (or ``rotary_dim``) is odd, ``rotary_dim`` is not in
-        ``[0, d]``, ``positions`` is not ``(L,)``, ``frequencies`` is not
+        ``[0, d]``, ``positions`` is not ``(..., L)`` broadcasting to ``x``'s
+        leading dims, ``frequencies`` is not
         ``(r/2,)``, ``base`` is not positive, or ``layout`` is unknown.
     TypeError
         If ``layout`` is not given, ``x`` is not a real floating array,
@@ -137,9 +141,12 @@ def rotary_position_embedding(
     if positions is None:
         positions = xp.arange(length, device=device)
     else:
-        if positions.ndim != 1 or positions.shape[0] != length:
+        lead = tuple(x.shape[:-2])
+        fits = positions.ndim >= 1 and positions.shape[-1] == length
+        if not (fits and _checks.broadcast_shapes(lead, tuple(positions.shape[:-1])) == lead):
             raise ValueError(
-                f"positions must have shape (L,) = ({length},), got shape {tuple(positions.shape)}"
+                f"positions must have shape (L,) = ({length},), or (..., {length}) with leading "
+                f"dims broadcasting to x's {lead}, got shape {tuple(positions.shape)}"
             )
         if not xp.isdtype(positions.dtype, ("real floating", "integral")):
             raise TypeError(
@@ -151,8 +158,9 @@ def rotary_position_embedding(
         _checks.exact_shape("frequencies", frequencies, (half,), "(rotary_dim/2,)")
     if r == 0:
         return x
-    sin, cos = _sin_cos(positions, half, base, frequencies, _working_dtype(xp, device), xp, device)
-    sin, cos = (xp.astype(a, x.dtype) for a in (sin, cos))
+    flat = xp.reshape(positions, (-1,))  # one angle per position: (P, r/2)
+    sin, cos = _sin_cos(flat, half, base, frequencies, _working_dtype(xp, device), xp, device)
+    sin, cos = (xp.reshape(xp.astype(a, x.dtype), (*positions.shape, half)) for a in (sin, cos))
     if layout == "interleaved":
         pairs = xp.reshape(x[..., :r], (*x.shape[:-1], half, 2))
         a, b = pairs[..., 0], pairs[..., 1]

@@ -12,7 +12,6 @@ static cache equals one causal call (compiling once under ``jax.jit`` and
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -208,6 +207,38 @@ def test_query_and_key_positions_as_a_pair(backend, scheme, dtype, rng):
     positions = (_ints(backend, qpos[:, None, :]), _ints(backend, kpos[:, None, :]))
     got = _run(backend, scheme, data, dtype, positions=positions, causal=True, block_size=(3, 4))
     backend.assert_close(got, _expected(scheme, data, qpos, kpos, causal=True), dtype)
+
+
+@pytest.mark.parametrize("block_size", [None, (2, 3)])
+def test_prefix_lm_and_a_learned_function_of_distance(backend, block_size, rng):
+    """The guide's recipes: a prefix-LM ``mask_mod`` (the first 3 positions see each other
+    both ways, the rest causal) and a ``score_mod`` reading a table of 17 values at the
+    distance clipped to ±8, against the loop."""
+    xp = backend.xp
+    lq = lk = 12
+    data = _inputs(rng, lq, lk)
+    learned_np = rng.normal(size=17)
+    learned = backend.asarray(learned_np, "float64")
+
+    def prefix_lm(batch, head, q_pos, kv_pos):
+        return (kv_pos <= q_pos) | (kv_pos < 3)
+
+    def per_distance(score, batch, head, q_pos, kv_pos):
+        index = xp.clip(kv_pos - q_pos, -8, 8) + 8
+        values = xp.take(learned, xp.reshape(index, (-1,)), axis=0)
+        return score + xp.reshape(values, index.shape)
+
+    q, k, v = (backend.asarray(data[n], "float64") for n in ("q", "k", "v"))
+    got = relattn.scaled_dot_product_attention(
+        q, k, v, mask_mod=prefix_lm, score_mod=per_distance, block_size=block_size
+    )
+    pos = np.broadcast_to(np.arange(lq), (B, lq))
+    want = _loop(
+        data["q"], data["k"], data["v"], pos, pos,
+        mask_mod=lambda b, h, qp, kp: kp <= qp or kp < 3,
+        score_mod=lambda s, b, h, qp, kp: s + learned_np[min(max(kp - qp, -8), 8) + 8],
+    )  # fmt: skip
+    backend.assert_close(got, want, "float64")
 
 
 def test_score_mod_without_positions_sees_the_default_ones(backend, rng):
@@ -461,19 +492,33 @@ def _decode(backend, step_fn, data, lmax, steps):
     return np.concatenate(outs, axis=-2)
 
 
-@pytest.mark.parametrize("scheme", ["xl", "t5"])
+@pytest.mark.parametrize("scheme", ["xl", "t5", "alibi", "rope", "deberta"])
 def test_decode_loop_over_a_static_cache_equals_one_causal_call(jit_backend, scheme, rng):
     """Steps of one query against a cache of ``Lmax = 8`` slots (unfilled ones NaN), with
     ``positions`` and ``causal=True``: equal to one causal call over the tokens so far, and
-    compiled once for the whole loop (``jax.jit``; ``torch.compile`` with no recompile)."""
+    compiled once for the whole loop (``jax.jit``; ``torch.compile`` with no recompile).
+
+    The recipes of the guide page "Positions as data": Transformer-XL's and DeBERTa's
+    tables and T5's values per distance in the causal layout of ``Lmax`` rows; ALiBi's
+    bias from the step's own distances in a ``score_mod``; RoPE's query rotated at its
+    position, the keys when they are written."""
     lmax, steps = 8, 5
+    xp = jit_backend.xp
     data = _inputs(rng, steps, steps)
+    if scheme == "rope":
+        keys = relattn.rotary_position_embedding(data["k"], layout="concatenated")
+        data = {**data, "k": np.asarray(keys)}  # written to the cache rotated
     table = rng.normal(size=(lmax, D))  # rows δ = -(Lmax - 1) … 0
+    query_table = rng.normal(size=(lmax, D))
     bias = rng.normal(size=(H, lmax))
-    t_table = jit_backend.asarray(table, "float64")
-    t_bias = jit_backend.asarray(bias, "float64")
+    t_table, t_query_table, t_bias, slopes = (
+        jit_backend.asarray(a, "float64") for a in (table, query_table, bias, SLOPES)
+    )
     traces = []  # JAX: one entry per trace; torch: one per graph Dynamo compiles
     key_positions = jit_backend.from_host(np.arange(lmax)[None, None, :])
+
+    def alibi(score, batch, head, q_pos, kv_pos):
+        return score + slopes[head] * xp.astype(kv_pos - q_pos, score.dtype)
 
     def step(q, cache_k, cache_v, position):
         if jit_backend.is_jax:
@@ -481,7 +526,16 @@ def test_decode_loop_over_a_static_cache_equals_one_causal_call(jit_backend, sch
         kw = {"positions": (position, key_positions), "causal": True}
         if scheme == "xl":
             return relattn.relative_attention(q, cache_k, cache_v, t_table, **kw)
-        return relattn.scaled_dot_product_attention(q, cache_k, cache_v, relative_bias=t_bias, **kw)
+        if scheme == "t5":
+            return relattn.scaled_dot_product_attention(
+                q, cache_k, cache_v, relative_bias=t_bias, **kw
+            )
+        if scheme == "alibi":
+            return relattn.scaled_dot_product_attention(q, cache_k, cache_v, score_mod=alibi, **kw)
+        if scheme == "rope":
+            q = relattn.rotary_position_embedding(q, position, layout="concatenated")
+            return relattn.scaled_dot_product_attention(q, cache_k, cache_v, **kw)
+        return relattn.disentangled_attention(q, cache_k, cache_v, t_table, t_query_table, **kw)
 
     if jit_backend.is_jax:
         import jax
@@ -502,12 +556,20 @@ def test_decode_loop_over_a_static_cache_equals_one_causal_call(jit_backend, sch
     assert len(traces) == first, "a step of the decode loop compiled again"
     # One causal call over the tokens: the causal layout of its own width.
     q, k, v = (jit_backend.asarray(data[n], "float64") for n in ("q", "k", "v"))
+    own = slice(lmax - steps, None)
     if scheme == "xl":
-        whole = relattn.relative_attention(q, k, v, t_table[lmax - steps :])
+        whole = relattn.relative_attention(q, k, v, t_table[own])
+    elif scheme == "t5":
+        whole = relattn.scaled_dot_product_attention(q, k, v, relative_bias=t_bias[:, own])
+    elif scheme == "alibi":
+        delta = jit_backend.asarray(np.arange(-(steps - 1), 1), "float64")
+        values = slopes[:, None] * delta[None, :]
+        whole = relattn.scaled_dot_product_attention(q, k, v, relative_bias=values)
+    elif scheme == "rope":
+        q = relattn.rotary_position_embedding(q, layout="concatenated")
+        whole = relattn.scaled_dot_product_attention(q, k, v, causal=True)
     else:
-        whole = relattn.scaled_dot_product_attention(
-            q, k, v, relative_bias=t_bias[:, lmax - steps :]
-        )
+        whole = relattn.disentangled_attention(q, k, v, t_table[own], t_query_table[own])
     np.testing.assert_allclose(got, jit_backend.to_host(whole), rtol=1e-10, atol=1e-12)
 
 
@@ -515,13 +577,8 @@ def test_decode_loop_over_a_static_cache_equals_one_causal_call(jit_backend, sch
 def test_score_mod_gradients_reach_closed_over_arrays(jit_backend, block_size, rng):
     """ALiBi written as a ``score_mod`` closing over learned slopes, against the same bias
     passed as ``bias=``: equal outputs and equal gradients for the slopes (torch autograd,
-    ``jax.grad``)."""
-    if jit_backend.is_jax and not os.environ.get("RELATTN_PLAIN_XLA"):
-        pytest.skip(
-            "with the suite's XLA flags (LLVM's optimisations off, conftest._fast_xla_flags) "
-            "XLA's CPU backend computes this gradient as NaN for one head; with XLA's "
-            "defaults it equals torch's: RELATTN_PLAIN_XLA=1 runs it"
-        )
+    ``jax.grad``). No gradient flows through the softmax's running peak: with XLA's
+    optimisations off (the suite's flags) one did, and made a head's gradient NaN."""
     lq = lk = 6
     q, k, v = (jit_backend.asarray(rng.normal(size=(B, H, lq, D)), "float64") for _ in "qkv")
     slopes0 = rng.uniform(0.1, 1.0, size=H)

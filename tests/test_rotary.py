@@ -127,6 +127,19 @@ def test_rope_matches_eq34(backend, dtype, rng, case, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_positions_per_batch_row(backend, dtype, rng, layout):
+    """``positions (B, 1, L)``: each batch row rotated at its own positions (a left-padded
+    batch, a cache filled to a different length per row), equal to eq. (34) per row."""
+    x = rng.normal(size=(2, 3, 4, 8))
+    positions = np.array([[0, 1, 2, 3], [7, 8, 9, 10]])[:, None, :]  # (B, 1, L)
+    out = relattn.rotary_position_embedding(
+        backend.asarray(x, dtype), backend.from_host(positions), layout=layout
+    )
+    expected = np.stack([_rope_loop(x[b], positions[b, 0], layout=layout) for b in range(2)])
+    backend.assert_close(out, expected, dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_base(backend, dtype, rng, layout):
     x = rng.normal(size=(4, 6))
     out = relattn.rotary_position_embedding(backend.asarray(x, dtype), base=500000.0, layout=layout)
