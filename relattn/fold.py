@@ -128,6 +128,7 @@ def block_step(
     value_table: Any = None,
     value_rows: Any = None,
     visible: Any = None,
+    branch: bool = False,
 ) -> BlockState:
     """Fold one key block into ``state``.
 
@@ -138,7 +139,8 @@ def block_step(
     row for each pair (explicit positions), or neither. ``visible (..., bq,
     bk)``: the pairs that may attend (``None``: all); the values of keys that
     no query of the block may see are left out, whatever they hold (NaN in an
-    unfilled cache slot). Scores and values are promoted to the state's dtype
+    unfilled cache slot), by :func:`clean_unless_finite` (``branch``: its traced
+    branch is allowed). Scores and values are promoted to the state's dtype
     (float32 accumulators for half-precision inputs).
     """
     dtype = state.accumulator.dtype
@@ -167,7 +169,12 @@ def block_step(
         # included): only then are the values that no query sees selected out and the
         # product taken again.
         update = clean_unless_finite(
-            checked, lambda: product(select_visible_keys(v, visible, xp)), (v,), visible, xp
+            checked,
+            lambda: product(select_visible_keys(v, visible, xp)),
+            (v,),
+            visible,
+            xp,
+            branch=branch,
         )
     if value_table is not None:
         spread = unshift(weights, xp)[..., : value_table.shape[-2]]
@@ -186,6 +193,8 @@ def clean_unless_finite(
     inputs: tuple[Any, ...],
     visible: Any,
     xp: Any,
+    *,
+    branch: bool = False,
 ) -> Any:
     """``first() = (result, probe)``'s result where no NaN from a masked slot can be in it,
     else ``clean()``: the same computation with the keys or values that no query sees
@@ -197,11 +206,15 @@ def clean_unless_finite(
     finite: a NaN or inf in a key makes its column of ``q kᵀ`` non-finite, and in a value
     its feature column of ``P v`` (``0 · NaN`` is NaN), so ``bq × bk`` or ``bq × d_v``
     cells tell whether a pass over the block's ``bk × d`` keys or values is needed.
-    Traced with the backend's ``cond`` (``jax.jit``, ``jax.grad``), the branch is chosen
-    on ``inputs`` (the block's keys or values) and both computations sit inside it, so
-    that a gradient never passes through the unclean one (its ``0 · NaN`` would reach
-    it). Traced without a ``cond`` (``torch.compile``): ``clean()``. A NaN in an unseen
-    slot reaches neither the output nor a gradient.
+    Traced, with ``branch`` and the backend's ``cond`` (``jax.jit``, ``jax.grad``), the
+    branch is chosen on ``inputs`` (the block's keys or values) and both computations
+    sit inside it, so that a gradient never passes through the unclean one (its
+    ``0 · NaN`` would reach it). A branch on values reduces over every batch row and
+    head: a collective where those are sharded, which the fold already makes for data
+    masks (positions, segments, ``mask_mod``) and a plain ``mask`` must not, so its
+    callers pass ``branch`` for those only. Traced otherwise (``torch.compile``, a plain
+    ``mask``): ``clean()``. A NaN in an unseen slot reaches neither the output nor a
+    gradient.
     """
     backend = backend_for(xp)
     every_key_seen = xp.all(xp.any(visible, axis=-2)) if visible.ndim >= 2 else xp.all(visible)
@@ -215,7 +228,7 @@ def clean_unless_finite(
                 return result
         return clean()
     cond = backend.cond
-    if cond is None:
+    if cond is None or not branch:
         return clean()
 
     def unless_finite(_: Any) -> Any:
@@ -278,6 +291,7 @@ def pair_scores(
     visible: Any,
     *,
     unseen_keys: bool = False,
+    branch: bool = False,
 ) -> Any:
     """The finished scores of one block pair: content, relative terms, bias, the caller's
     ``score_mod``; ``-inf`` where ``visible`` (:func:`pair_visible`) is False.
@@ -286,7 +300,7 @@ def pair_scores(
     j0, bk)`` their offsets (static or traced); ``at`` the block's positions
     (:func:`relattn.terms.block_positions`). ``unseen_keys``: the keys that no query of
     the block sees are set to 0 before any product (masks from data: an unfilled cache
-    slot's NaN meets no ``q·k``).
+    slot's NaN meets no ``q·k``; ``branch``: see :func:`clean_unless_finite`).
     """
     xp = p.xp
     if visible is None or not unseen_keys:
@@ -305,6 +319,7 @@ def pair_scores(
         (kb.k,) if kb.ks is None else (kb.k, kb.ks),
         visible,
         xp,
+        branch=branch,
     )
 
 
@@ -503,12 +518,13 @@ def fold_keys(
         unseen = visible if (data_masked or kb.mask is not None) else None
 
         def fold(state: BlockState) -> BlockState:
-            s = pair_scores(p, rows, kb, block, at, visible, unseen_keys=unseen is not None)
+            s = pair_scores(p, rows, kb, block, at, visible, unseen_keys=unseen is not None,
+                            branch=data_masked)  # fmt: skip
             if at is not None and p.has_positions:
                 values = {"value_rows": value_rows_at(p, at[1] - at[0])}
             else:
                 values = {"value_table": value_slice(p, block)}
-            return block_step(state, s, kb.v, xp, visible=unseen, **values)
+            return block_step(state, s, kb.v, xp, visible=unseen, branch=data_masked, **values)
 
         if p.causal and not p.has_positions:
             state = cond(kb.j0 <= i0 + bq - 1 + offset, fold, _unchanged, state)
