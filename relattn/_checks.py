@@ -172,6 +172,13 @@ def is_integer_dtype(xp: ModuleType, dtype: Any) -> bool:
     return bool(xp.isdtype(dtype, "integral"))
 
 
+def index_dtype(xp: ModuleType, device: Any) -> Any:
+    """``xp``'s default integer dtype for indexing on ``device`` (the standard's
+    ``__array_namespace_info__().default_dtypes()["indexing"]``: int32 for JAX without
+    x64)."""
+    return xp.__array_namespace_info__().default_dtypes(device=device)["indexing"]
+
+
 def cast_integer(xp: ModuleType, x: Any) -> Any:
     """An integer array of ``xp`` as it is; a NumPy one beside JAX or Dask arrays converted."""
     if isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp):

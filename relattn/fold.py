@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import array_api_extra as xpx
 
+from ._checks import index_dtype
 from .backends import backend_for
 from .problem import Problem
 from .shift import unshift
@@ -376,7 +377,7 @@ def _mod_indices(p: Problem, device: Any) -> tuple[Any, Any]:
     (0 where the scores have no such axis)."""
     xp = p.xp
     lead = p.lead
-    zero = xp.zeros((), dtype=xp.asarray(0).dtype, device=device)
+    zero = xp.zeros((), dtype=index_dtype(xp, device), device=device)
     if len(lead) == 0:
         return zero, zero
     if len(lead) == 1:

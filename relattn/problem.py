@@ -331,9 +331,7 @@ def _layout(
             _checks.broadcastable(name, b.shape, tuple(q.shape), "q")
     scores = (*lead, bq, bk) if block_scores or lengths is None else (*lead, lq, lk)
     what = "the block's scores (..., bq, bk)" if block_scores else "the scores (..., Lq, Lk)"
-    if mask is not None:
-        _checks.boolean("mask", mask, xp)
-        _checks.broadcastable("mask", mask.shape, scores, what)
+    check_mask(mask, scores, xp, what)
     if bias is not None:
         _checks.broadcastable("bias", bias.shape, scores, what)
     widths = [t.shape[-2] for t in relative.values() if t is not None]
@@ -389,11 +387,13 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
     return q.shape[-2], k.shape[-2], q.shape[-1]
 
 
-def check_mask(mask: Any, scores_shape: tuple[int, ...], xp: Any) -> None:
-    """``mask`` is boolean and broadcasts to the scores ``(..., Lq, Lk)``."""
+def check_mask(
+    mask: Any, scores_shape: tuple[int, ...], xp: Any, what: str = "the scores (..., Lq, Lk)"
+) -> None:
+    """``mask`` is boolean and broadcasts to the scores (``what`` names them)."""
     if mask is not None:
         _checks.boolean("mask", mask, xp)
-        _checks.broadcastable("mask", mask.shape, scores_shape, "the scores (..., Lq, Lk)")
+        _checks.broadcastable("mask", mask.shape, scores_shape, what)
 
 
 def relative_width(name: str, width: int, lq: int, lk: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import array_api_compat
 
-from ._checks import broadcast_shapes
+from ._checks import broadcast_shapes, index_dtype
 from .backends import backend_for
 from .problem import Problem
 from .shift import extend, shift
@@ -190,7 +190,7 @@ def _columns(p: Problem, table: Any, delta: Any, axis: int) -> tuple[Any, Any]:
     xp = p.xp
     width = table.shape[axis]
     m = xp.clip(delta + (p.lk - 1), 0, width - 1)
-    index = xp.asarray(0, device=array_api_compat.device(m)).dtype  # the default integer
+    index = index_dtype(xp, array_api_compat.device(m))
     if m.dtype != index:
         m = xp.astype(m, index)
     if backend_for(xp).has_values(m) and math.prod(m.shape) > 0:
