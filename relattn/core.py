@@ -36,6 +36,7 @@ import array_api_compat
 
 from .backends import backend_for
 from .fold import (
+    all_finite,
     blockwise,
     clean_unless_finite,
     dense_chunk,
@@ -191,7 +192,7 @@ def attention(p: Problem) -> Any:
         return blockwise(p, block_size)
     if kernel is not None:
         out = _kernel(p, kernel, kernel_causal)
-        if not checked or bool(xp.all(xp.isfinite(out))):
+        if not checked or bool(all_finite(out, xp)):
             return out
         # A non-finite key or value met the kernel's mask: relattn's own paths, chosen as
         # where there is no kernel.
@@ -202,7 +203,14 @@ def attention(p: Problem) -> Any:
     if backend.query_chunks and blockable and nonempty and dense_chunk(p) < p.lq:
         return dense_in_query_blocks(p)
     if p.mask is None:
-        return _dense(p, mask, backend)[0]
+        return _dense(p, mask, backend)
+    keys = tuple(x for x in (p.k, p.ks) if x is not None)
+
+    def first() -> tuple[Any, Any]:
+        # A NaN key's scores are selected out of the output but not of q's gradient: its
+        # sum tells (the scores themselves are released inside the softmax).
+        out = _dense(p, mask, backend)
+        return out, (out, *keys)
 
     def clean() -> Any:
         # Keys that no query may see are selected out, whatever they hold (NaN in an
@@ -211,10 +219,9 @@ def attention(p: Problem) -> Any:
             return None if x is None else select_visible_keys(x, mask, xp)
 
         clean = dataclasses.replace(p, k=visible(p.k), v=visible(p.v), ks=visible(p.ks))
-        return _dense(clean, mask, backend)[0]
+        return _dense(clean, mask, backend)
 
-    keys = tuple(x for x in (p.k, p.v, p.ks) if x is not None)
-    return clean_unless_finite(lambda: _dense(p, mask, backend), clean, keys, mask, xp)
+    return clean_unless_finite(first, clean, (p.v, *keys), mask, xp)
 
 
 def _kernel(p: Problem, kernel: Any, kernel_causal: bool) -> Any:
@@ -229,17 +236,16 @@ def _kernel(p: Problem, kernel: Any, kernel_causal: bool) -> Any:
                   causal=False, scale=1.0)  # fmt: skip
 
 
-def _dense(p: Problem, mask: Any, backend: Any) -> tuple[Any, Any]:
-    """The dense path's output, and the scores and output as one probe of their finiteness
-    (:func:`relattn.fold.clean_unless_finite`)."""
+def _dense(p: Problem, mask: Any, backend: Any) -> Any:
+    """The dense path's output. The scores are a temporary, released inside the softmax:
+    at most two score-sized arrays at once."""
     xp, q = p.xp, p.q
     mask, bias = backend.join(mask, q), backend.join(_position(p), q)
-    s = scores(q, p.k, bias, 1.0, xp)
-    weights = softmax(s, mask, -1, xp)
+    weights = softmax(scores(q, p.k, bias, 1.0, xp), mask, -1, xp)
     out = weights @ p.v
     if p.value_table is not None:
         out = out + value_term(weights, p.value_table, xp)
-    return out, (s, out)
+    return out
 
 
 def _default_positions(p: Problem, backend: Any) -> bool:

@@ -45,6 +45,7 @@ from .terms import (
 __all__ = [
     "BlockState",
     "KeyBlock",
+    "all_finite",
     "block_finish",
     "block_merge",
     "block_start",
@@ -225,7 +226,7 @@ def clean_unless_finite(
         with backend.quiet():
             result, probe = first()
             probes = probe if isinstance(probe, tuple) else (probe,)
-            if all(bool(_all_finite(x, xp)) for x in probes):
+            if all(bool(all_finite(x, xp)) for x in probes):
                 return result
         return clean()
     cond = backend.cond
@@ -233,15 +234,15 @@ def clean_unless_finite(
         return clean()
 
     def unless_finite(_: Any) -> Any:
-        finite = _all_finite(inputs[0], xp)
+        finite = all_finite(inputs[0], xp)
         for x in inputs[1:]:
-            finite = finite & _all_finite(x, xp)
+            finite = finite & all_finite(x, xp)
         return cond(finite, lambda _: first()[0], lambda _: clean(), None)
 
     return cond(every_key_seen, lambda _: first()[0], unless_finite, None)
 
 
-def _all_finite(x: Any, xp: Any) -> Any:
+def all_finite(x: Any, xp: Any) -> Any:
     """Whether ``x`` holds no NaN or inf, as a 0-d boolean: its sum is finite (a reduction
     that writes nothing; an overflowing sum of finite values says False, which costs a
     clean pass, never a wrong result)."""
