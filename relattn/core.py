@@ -34,6 +34,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._memo import memo
 from .backends import backend_for
 from .fold import (
     all_finite,
@@ -53,37 +54,50 @@ __all__ = ["attend", "attend_generic", "attention", "softmax"]
 # -------------------------------------------------------------------------------------------
 # Softmax and plain attention
 # -------------------------------------------------------------------------------------------
-def softmax(scores: Any, mask: Any, axis: int, xp: Any) -> Any:
+def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = True) -> Any:
     """Masked softmax over ``axis`` without argument checks; fully masked rows are 0.
 
+    ``empty_rows=False``: the caller knows that every row has a visible key whose score
+    is finite (no mask but the causal one with ``Lq <= Lk``, no bias that may hold
+    ``-inf``, finite inputs), and the guards for a row with no finite score are left out.
     ``scores`` is released as soon as it has been read: a caller that passes a
     temporary holds at most two score-sized arrays at once here.
     """
     if math.prod(scores.shape) == 0:
         return scores  # nothing to normalise (Dask cannot reduce empty chunks either)
-    device = array_api_compat.device(scores)
+    dtype, device = scores.dtype, array_api_compat.device(scores)
+    eager = backend_for(xp).has_values(scores)
+
+    def constant(value: float) -> Any:
+        return memo(
+            xp, eager, ("constant", value, dtype, device),
+            lambda: xp.full((), value, dtype=dtype, device=device),
+        )  # fmt: skip
+
     if mask is not None:
         # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
         # with no overflow in ``scores - peak`` even in float16. Selected, not added:
         # whatever a masked score holds (inf, NaN) is gone.
-        scores = xp.where(mask, scores, xp.full((), -math.inf, dtype=scores.dtype, device=device))
-    # A row with no finite score (fully masked, or a -inf bias) has the peak -inf, and
-    # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
-    # leaves every other row alone and makes that row's weights exp(-inf) = 0.
-    lowest = xp.full((), xp.finfo(scores.dtype).min, dtype=scores.dtype, device=device)
-    # The shift cancels in the quotient: no gradient flows through the peak.
-    peak = backend_for(xp).stop_gradient(
-        xp.maximum(xp.max(scores, axis=axis, keepdims=True), lowest)
-    )
+        scores = xp.where(mask, scores, constant(-math.inf))
+    # The shift cancels in the quotient: no gradient flows through the peak (and no
+    # operation below keeps a constant for the backward pass).
+    peak = backend_for(xp).stop_gradient(xp.max(scores, axis=axis, keepdims=True))
+    if empty_rows:
+        # A row with no finite score (fully masked, or a -inf bias) has the peak -inf, and
+        # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
+        # leaves every other row alone and makes that row's weights exp(-inf) = 0.
+        peak = xp.maximum(peak, constant(float(xp.finfo(dtype).min)))
     shifted = scores - peak
     del scores
     weights = xp.exp(shifted)
     del shifted
-    # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
-    # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no other
-    # (selected, not max(total, 1), whose gradient splits at a total of exactly 1).
     total = xp.sum(weights, axis=axis, keepdims=True)
-    return weights / xp.where(total > 0, total, xp.ones((), dtype=total.dtype, device=device))
+    if empty_rows:
+        # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
+        # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no
+        # other (selected, not max(total, 1), whose gradient splits at a total of 1).
+        total = xp.where(total > 0, total, constant(1.0))
+    return weights / total
 
 
 def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
@@ -241,7 +255,13 @@ def _dense(p: Problem, mask: Any, backend: Any) -> Any:
     at most two score-sized arrays at once."""
     xp, q = p.xp, p.q
     mask, bias = backend.join(mask, q), backend.join(_position(p), q)
-    weights = softmax(scores(q, p.k, bias, 1.0, xp), mask, -1, xp)
+    # Every row sees a key (the causal mask with Lq <= Lk keeps δ = 0) whose score is
+    # finite (no bias that may hold -inf): the softmax needs no guard for an empty row.
+    guarded = (
+        p.mask is not None or p.bias is not None or p.relative_bias is not None
+        or (p.causal and p.lq > p.lk)
+    )  # fmt: skip
+    weights = softmax(scores(q, p.k, bias, 1.0, xp), mask, -1, xp, empty_rows=guarded)
     out = weights @ p.v
     if p.value_table is not None:
         out = out + value_term(weights, p.value_table, xp)
@@ -276,7 +296,10 @@ def _causal(p: Problem) -> Any:
     if not p.causal:
         return p.mask
     device = array_api_compat.device(p.q)
-    blocked = visible_mask(p, (0, p.lq, 0, p.lk), device, causal=True)  # None: all visible
+    blocked = memo(  # None: all visible
+        p.xp, backend_for(p.xp).has_values(p.q), ("causal", p.lq, p.lk, device),
+        lambda: visible_mask(p, (0, p.lq, 0, p.lk), device, causal=True),
+    )  # fmt: skip
     if blocked is None:
         return p.mask
     return blocked if p.mask is None else p.mask & blocked

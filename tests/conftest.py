@@ -22,8 +22,10 @@ the ring …) is declared in :mod:`relattn.capabilities`; tests skip with
 Collection leaves out (deselects, counted in pytest's summary) the items that
 cannot run here: those of a GPU target when no GPU is present, and those whose
 dtype parameter names a dtype the target's library lacks (NumPy's bfloat16).
-It also runs ``jit_backend`` tests on PyTorch in float32 only: Dynamo captures
-the same graph whatever the dtype, and each capture takes seconds.
+It also runs ``jit_backend`` tests in one dtype per compiler, PyTorch's in
+float32 and JAX's in float64 (the tighter check): each traces the same program
+whatever the dtype, and each compile takes seconds; the eager tests run every
+dtype.
 A CPU target whose library is not installed is skipped at run time, with the
 reason.
 
@@ -86,8 +88,9 @@ def _fast_xla_flags() -> str:
 
 
 # float32 products in full precision on GPUs too (JAX's default there is TF32, off by about
-# 1e-3): the tests hold every backend to SPEC §5's float32 tolerance.
-os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+# 1e-3): the tests hold every backend to SPEC §5's float32 tolerance. "float32" is JAX's
+# name for HIGHEST in old and new versions alike (jax 0.4.30 refuses "highest").
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 
 if not os.environ.get("RELATTN_PLAIN_XLA"):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_fast_xla_flags()}".strip()
@@ -200,6 +203,8 @@ def _why_not(item: pytest.Item, config: pytest.Config) -> str | None:
     compiled = params.get("jit_backend")
     if compiled is not None and compiled.is_torch and params.get("dtype") == "float64":
         return "torch.compile in float32 only (Dynamo captures the same graph in every dtype)"
+    if compiled is not None and compiled.is_jax and params.get("dtype") == "float32":
+        return "jax.jit in float64 only (the same trace in every dtype; eager JAX runs both)"
     return None
 
 
@@ -235,7 +240,25 @@ def _covered(items: list[pytest.Item]) -> list[pytest.Item]:
     return redundant
 
 
+#: The test files that take longest, longest first (``--durations=0`` summed per file, on
+#: 2 cores): they are collected first, and ``--no-loadscope-reorder`` (pyproject.toml) has
+#: pytest-xdist hand them out in that order, so that no long file starts last and runs
+#: alone. ``test_devices`` waits on worker processes of its own, which then run beside the
+#: rest. A stale list costs balance, never coverage.
+LONGEST_FIRST = (
+    "test_devices.py", "test_positions_as_data.py", "test_transforms.py", "test_blockwise.py",
+    "test_demo.py", "test_biases.py", "test_positions.py", "test_disentangled.py",
+    "test_shaw.py", "test_disan.py", "test_classic.py", "test_shift.py",
+)  # fmt: skip
+
+
+def _schedule_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_schedule_rank)  # stable: each file's own order is kept
     kept, left_out = [], []
     for item in items:
         why = _why_not(item, config)

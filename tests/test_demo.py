@@ -58,8 +58,8 @@ def test_demo_every_installed_backend_small(name, tmp_path, capsys):
     if name in skipped:
         pytest.skip(f"{name}: {skipped[name]}")
     text = tmp_path / "text.txt"
-    # 68 bytes: 5 segments of 16, the later ones with a segment of memory.
-    text.write_text("relative attention, written once. " * 2, encoding="utf-8")
+    # 32 bytes: 2 segments of 16, the second with the first as its memory.
+    text.write_text("relative attention, written once", encoding="utf-8")
     small = ["--segment", "16", "--memory", "16", "--d-model", "16"]
     code = main(["demo", "--backend", name, "--text", str(text), *small])
     out = capsys.readouterr().out

@@ -227,3 +227,59 @@ def test_scale_multiplies_queries_like_scores(backend, rng):
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     want = weights / weights.sum(-1, keepdims=True) @ vn
     np.testing.assert_allclose(got, want, **tolerance("float64"))
+
+
+# --------------------------------------------------------------------------------------------
+# Small arrays kept between eager calls (relattn._memo)
+# --------------------------------------------------------------------------------------------
+
+
+def test_memo_keeps_eager_small_arrays_only():
+    """Kept under its key for an eager call; made anew for a traced one and when large."""
+    import array_api_compat.numpy as xp
+
+    from relattn import _memo
+
+    made = []
+
+    def make(n):
+        def build():
+            made.append(n)
+            return xp.zeros((n,))
+
+        return build
+
+    first = _memo.memo(xp, True, ("test", 4), make(4))
+    assert _memo.memo(xp, True, ("test", 4), make(4)) is first and made == [4]
+    assert _memo.memo(xp, False, ("test", 4), make(4)) is not first and made == [4, 4]
+    big = _memo.MAX_ELEMENTS + 1
+    assert _memo.memo(xp, True, ("test", big), make(big)) is not _memo.memo(
+        xp, True, ("test", big), make(big)
+    )
+    assert _memo.memo(xp, True, ("test", [1]), make(2)).shape == (2,)  # unhashable key: made
+
+
+def test_constants_of_a_traced_call_do_not_outlive_it(jax_backend, rng):
+    """A jitted call first, the eager call after it: no tracer was kept for the eager one
+    (causal dense path: the memoised causal mask and softmax constants)."""
+    import jax
+
+    q, k, v = (jax_backend.asarray(rng.normal(size=(2, 5, 4))) for _ in range(3))
+    jitted = jax.jit(lambda q, k, v: relattn.scaled_dot_product_attention(q, k, v, causal=True))
+    traced = jitted(q, k, v)
+    eager = relattn.scaled_dot_product_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-12, atol=1e-12)
+
+
+def test_constants_made_under_inference_mode_serve_autograd(torch_backend, rng):
+    """A constant kept from a call under ``torch.inference_mode`` is never saved for a
+    later backward pass (which would raise for an inference tensor)."""
+    import torch
+
+    x = torch.tensor(rng.normal(size=(2, 5, 5)))
+    mask = x > 0
+    with torch.inference_mode():
+        relattn.masked_softmax(x, mask)
+    leaf = x.clone().requires_grad_(True)
+    relattn.masked_softmax(leaf, mask).pow(2).sum().backward()
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())

@@ -143,7 +143,10 @@ def _align(x: Any, inputs: Any, extra: Any = ()) -> Any:
     missing = axes - _axes(x)
     if not missing:
         return x
-    return lax.pcast(x, tuple(sorted(missing, key=str)), to="varying")
+    names = tuple(sorted(missing, key=str))
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, names, to="varying")
+    return lax.pvary(x, names)  # type: ignore[attr-defined]  # JAX before lax.pcast (0.6)
 
 
 class _Collective:

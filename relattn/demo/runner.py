@@ -95,7 +95,7 @@ def full_precision(target: testing.Target) -> Any:
     if target.is_jax:
         import jax
 
-        return jax.default_matmul_precision("highest")
+        return jax.default_matmul_precision("float32")
     return contextlib.nullcontext()
 
 
