@@ -369,8 +369,14 @@ class _ArrayApiStrict(_Library):
         return array_api_strict.asarray(np.array(a, copy=True), device=device)
 
     def to_host(self, x: Any) -> np.ndarray:
-        # DLPack reaches NumPy from a strict array, which refuses np.asarray.
-        return np.from_dlpack(x)
+        # DLPack reaches NumPy from a strict array, which refuses np.asarray. NumPy before
+        # 2.1 cannot export a read-only array (a broadcast view) by DLPack: a copy can.
+        try:
+            return np.from_dlpack(x)
+        except BufferError:
+            import array_api_strict
+
+            return np.from_dlpack(array_api_strict.asarray(x, copy=True))
 
 
 class _Torch(_Library):
