@@ -255,13 +255,14 @@ def _dense(p: Problem, mask: Any, backend: Any) -> Any:
     at most two score-sized arrays at once."""
     xp, q = p.xp, p.q
     mask, bias = backend.join(mask, q), backend.join(_position(p), q)
-    # Every row sees a key (the causal mask with Lq <= Lk keeps δ = 0) whose score is
-    # finite (no bias that may hold -inf): the softmax needs no guard for an empty row.
-    guarded = (
+    # A row may have no visible key with a finite score only under a mask of the caller's,
+    # a bias that may hold -inf, or a causal mask with Lq > Lk (whose first rows see no
+    # key); otherwise the causal mask keeps δ = 0 and the softmax needs no empty-row guard.
+    empty_rows = (
         p.mask is not None or p.bias is not None or p.relative_bias is not None
         or (p.causal and p.lq > p.lk)
     )  # fmt: skip
-    weights = softmax(scores(q, p.k, bias, 1.0, xp), mask, -1, xp, empty_rows=guarded)
+    weights = softmax(scores(q, p.k, bias, 1.0, xp), mask, -1, xp, empty_rows=empty_rows)
     out = weights @ p.v
     if p.value_table is not None:
         out = out + value_term(weights, p.value_table, xp)
