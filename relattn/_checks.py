@@ -152,6 +152,22 @@ def _result_type(xp: ModuleType, *dtypes: Any) -> Any:
     return xp.result_type(*dtypes)
 
 
+#: (namespace name, floating dtype) -> bytes per element, for dtypes that do not say.
+_ITEMSIZE: dict[tuple[str, Any], int] = {}
+
+
+def itemsize(xp: ModuleType, dtype: Any) -> int:
+    """Bytes per element of a real floating ``dtype`` (``finfo(dtype).bits // 8``)."""
+    size = getattr(dtype, "itemsize", None)  # NumPy's and torch's dtypes say it
+    if isinstance(size, int):
+        return size
+    key = (xp.__name__, dtype)
+    found = _ITEMSIZE.get(key)
+    if found is None:
+        found = _ITEMSIZE[key] = xp.finfo(dtype).bits // 8
+    return found
+
+
 def cast(xp: ModuleType, x: Any, dtype: Any) -> Any:
     """``x`` as ``dtype`` of namespace ``xp``, without a copy when it already is.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import array_api_compat
 
-__all__ = ["library", "namespace", "namespace_of_module", "require_array"]
+__all__ = ["known_namespace", "library", "namespace", "namespace_of_module", "require_array"]
 
 _XP_EXPECTED = (
     "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
@@ -35,6 +35,12 @@ def require_array(name: str, a: Any) -> None:
 
 #: Array type -> its namespace, filled by :func:`namespace` (the types are few).
 _NAMESPACE_OF_TYPE: dict[type, ModuleType] = {}
+
+
+def known_namespace(x: Any) -> ModuleType | None:
+    """The namespace of ``x``'s type once :func:`namespace` has resolved it alone, else
+    ``None``: a dict look-up, for a call that only needs the library."""
+    return _NAMESPACE_OF_TYPE.get(type(x))
 
 
 def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> ModuleType:

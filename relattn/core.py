@@ -30,10 +30,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import array_api_compat
 
+from ._checks import itemsize
 from ._memo import memo
 from .backends import backend_for
 from .fold import (
@@ -66,27 +68,29 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
     if math.prod(scores.shape) == 0:
         return scores  # nothing to normalise (Dask cannot reduce empty chunks either)
     dtype, device = scores.dtype, array_api_compat.device(scores)
-    eager = backend_for(xp).has_values(scores)
+    backend = backend_for(xp)
+    eager = backend.has_values(scores)
 
-    def constant(value: float) -> Any:
+    def constant(name: str, value: Callable[[], float]) -> Any:
+        # The 0-d array of ``value()``, computed only when not kept.
         return memo(
-            xp, eager, ("constant", value, dtype, device),
-            lambda: xp.full((), value, dtype=dtype, device=device),
+            xp, eager, ("constant", name, dtype, device),
+            lambda: xp.full((), value(), dtype=dtype, device=device),
         )  # fmt: skip
 
     if mask is not None:
         # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
         # with no overflow in ``scores - peak`` even in float16. Selected, not added:
         # whatever a masked score holds (inf, NaN) is gone.
-        scores = xp.where(mask, scores, constant(-math.inf))
+        scores = xp.where(mask, scores, constant("-inf", lambda: -math.inf))
     # The shift cancels in the quotient: no gradient flows through the peak (and no
     # operation below keeps a constant for the backward pass).
-    peak = backend_for(xp).stop_gradient(xp.max(scores, axis=axis, keepdims=True))
+    peak = backend.stop_gradient(xp.max(scores, axis=axis, keepdims=True))
     if empty_rows:
         # A row with no finite score (fully masked, or a -inf bias) has the peak -inf, and
         # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
         # leaves every other row alone and makes that row's weights exp(-inf) = 0.
-        peak = xp.maximum(peak, constant(float(xp.finfo(dtype).min)))
+        peak = xp.maximum(peak, constant("lowest", lambda: float(xp.finfo(dtype).min)))
     shifted = scores - peak
     del scores
     weights = xp.exp(shifted)
@@ -96,7 +100,7 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
         # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
         # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no
         # other (selected, not max(total, 1), whose gradient splits at a total of 1).
-        total = xp.where(total > 0, total, constant(1.0))
+        total = xp.where(total > 0, total, constant("one", lambda: 1.0))
     return weights / total
 
 
@@ -107,7 +111,7 @@ def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
     result (relattn's conventions: no key gives a zero row) on every backend.
     """
     offer = backend_for(xp).fused_attention
-    if offer is None or not all(n > 0 for n in (*q.shape, *k.shape, *v.shape)):
+    if offer is None or min((*q.shape, *k.shape, *v.shape)) <= 0:
         return None
     return offer(q, k, v)
 
@@ -359,7 +363,7 @@ def automatic_block_size(p: Problem) -> tuple[int, int] | None:
     count = math.prod(p.lead) * p.lq * p.lk
     if p.has_positions and p.value_table is not None:
         count *= p.v.shape[-1]  # the value table's row for each pair (terms.value_rows_at)
-    fits = count * p.xp.finfo(p.q.dtype).bits // 8 <= score_budget()
+    fits = count * itemsize(p.xp, p.q.dtype) <= score_budget()
     return None if fits else AUTOMATIC_BLOCK_SIZE
 
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import array_api_extra as xpx
 
-from ._checks import index_dtype
+from ._checks import index_dtype, itemsize
 from .backends import backend_for
 from .problem import Problem
 from .shift import unshift
@@ -108,7 +108,7 @@ def _finite_or_zero(peak: Any, xp: Any) -> Any:
 
 def accumulator_dtype(dtype: Any, xp: Any) -> Any:
     """float32 for half-precision inputs (float16, bfloat16), else the inputs' dtype."""
-    return xp.float32 if xp.finfo(dtype).bits < 32 else dtype
+    return xp.float32 if itemsize(xp, dtype) < 4 else dtype
 
 
 def block_start(shape: tuple[int, ...], dtype: Any, device: Any, xp: Any) -> BlockState:

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from . import _checks
+from ._namespace import known_namespace
 from .backends import backend_for
 
 __all__ = ["Problem", "check"]
@@ -171,44 +172,55 @@ def check(
     TypeError, ValueError
         As documented by the public functions, naming the argument.
     """
+    causal = _checks.flag("causal", causal)
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
+    integers = {
+        **_pair("positions", positions, "query_positions", "key_positions"),
+        **_pair("segment_ids", segment_ids, "query_segment_ids", "key_segment_ids"),
+    }
     relative = {
         "position_table": position_table,
         "query_position_table": query_position_table,
         "value_table": value_table,
     }
-    optional = {
-        **relative, "content_bias": content_bias, "position_bias": position_bias,
-        "relative_bias": relative_bias, "bias": bias, **(others or {}),
-    }  # fmt: skip
-    integers = {
-        **_pair("positions", positions, "query_positions", "key_positions"),
-        **_pair("segment_ids", segment_ids, "query_segment_ids", "key_segment_ids"),
-    }
-    xp = _checks.namespace(q=q, k=k, v=v, optional={**optional, "mask": mask, **integers})
-    causal = _checks.flag("causal", causal)
-    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
     key = None
-    if backend_for(xp).has_values(q):
-        arrays = (q, k, v, mask, *optional.values(), *integers.values())
+    known = known_namespace(q)  # None until a call has resolved q's type
+    if known is not None and backend_for(known).has_values(q):
+        arrays = (
+            q, k, v, mask, position_table, query_position_table, value_table, content_bias,
+            position_bias, relative_bias, bias, *(others or {}).values(), *integers.values(),
+        )  # fmt: skip
         # expand: a closure per call (Shaw's), keyed by its code; it runs on every call.
         shape_of = getattr(expand, "__code__", expand)
-        options = (causal, lengths, block_scores, shape_of, *optional, *integers)
-        key = _signature(arrays, (*options, score_mod is None, mask_mod is None))
+        options = (
+            causal, lengths, block_scores, shape_of, *(others or ()), *integers,
+            score_mod is None, mask_mod is None,
+        )  # fmt: skip
+        key = _signature(arrays, options)
     layout = None if key is None else _LAYOUTS.get(key)
     if layout is None:
+        optional = {
+            **relative, "content_bias": content_bias, "position_bias": position_bias,
+            "relative_bias": relative_bias, "bias": bias, **(others or {}),
+        }  # fmt: skip
+        xp = _checks.namespace(q=q, k=k, v=v, optional={**optional, "mask": mask, **integers})
         layout, relative = _layout(
             xp, q, k, v, relative, optional, content_bias, position_bias, relative_bias, bias,
             mask, causal, lengths, block_scores, expand, names or {}, integers,
             score_mod is not None or mask_mod is not None,
         )  # fmt: skip
         if key is not None:
+            # The same types, dtypes, shapes and options pass the same checks: a later
+            # call with this key reuses the layout (its namespace included).
             if len(_LAYOUTS) >= _MAX_LAYOUTS:
                 _LAYOUTS.clear()
             _LAYOUTS[key] = layout
-    elif expand is not None:
-        relative.update(expand(xp, layout.dtype, causal, layout.lq, layout.lk))
+    else:
+        xp = layout.xp
+        if expand is not None:
+            relative.update(expand(xp, layout.dtype, causal, layout.lq, layout.lk))
     d = q.shape[-1]
     if scale is None and default_scale is not None and d > 0:
         scale = default_scale(d)
@@ -279,11 +291,11 @@ _MAX_LAYOUTS = 256
 def _signature(arrays: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The type, dtype and shape of each array (``None`` for an absent one) and the
     options, as a hashable key; ``None`` where one is not hashable."""
-    key = tuple(None if a is None else (type(a), a.dtype, a.shape) for a in arrays)
     try:
+        key = tuple(None if a is None else (type(a), a.dtype, a.shape) for a in arrays)
         hash(key)
         hash(options)
-    except TypeError:
+    except (AttributeError, TypeError):  # not an array (the checks will say), or unhashable
         return None
     return (*key, *options)
 

@@ -16,6 +16,7 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from ._memo import memo
 from ._typing import Array
 from .backends import backend_for
 
@@ -28,16 +29,25 @@ def extend(x: Any, axis: int, before: int, after: int, xp: Any, fill: float = 0.
     One ``concat`` with constant blocks: cheaper per call than a general pad (which
     small decode-size calls feel), and plain to every tracer.
     """
-    parts = []
-    device = array_api_compat.device(x)
-    join = backend_for(xp).join  # a DTensor x takes a replicated block
-    for size in (before, after):
-        shape = list(x.shape)
-        shape[axis] = size
-        block = xp.full(tuple(shape), fill, dtype=x.dtype, device=device) if size else None
-        parts.append(join(block, x))
-    pieces = [a for a in (parts[0], x, parts[1]) if a is not None]
-    return pieces[0] if len(pieces) == 1 else xp.concat(pieces, axis=axis)
+    if not (before or after):
+        return x
+    dtype, device = x.dtype, array_api_compat.device(x)
+    backend = backend_for(xp)
+    eager = backend.has_values(x)
+
+    def block(size: int) -> Any:
+        shape = (*x.shape[:axis], size, *x.shape[axis:][1:])
+        made = memo(
+            xp, eager, ("fill", shape, fill, dtype, device),
+            lambda: xp.full(shape, fill, dtype=dtype, device=device),
+        )  # fmt: skip
+        return backend.join(made, x)  # a DTensor x takes a replicated block
+
+    pieces = [block(before)] if before else []
+    pieces.append(x)
+    if after:
+        pieces.append(block(after))
+    return xp.concat(pieces, axis=axis)
 
 
 def shift(x: Any, key_length: int, xp: Any, *, fill: float = 0.0) -> Any:

@@ -46,7 +46,12 @@ def matmul_transposed(a: Any, b: Any, xp: Any) -> Any:
     """``a @ bᵀ`` over the feature axis (the scores' products), as the backend computes it
     best (:attr:`relattn.backends.Backend.matmul_transposed`)."""
     product = backend_for(xp).matmul_transposed
-    return a @ xp.matrix_transpose(b) if product is None else product(a, b)
+    if product is not None:
+        return product(a, b)
+    # The standard's ``mT`` attribute: a view, without the function call of
+    # ``matrix_transpose`` (which a short call feels); Dask arrays lack it.
+    transposed = getattr(b, "mT", None)
+    return a @ (xp.matrix_transpose(b) if transposed is None else transposed)
 
 
 def is_static(*offsets: Any) -> bool:
@@ -63,6 +68,8 @@ def window(x: Any, start: Any, width: int, stop: int, axis: int, xp: Any) -> Any
     """
     if isinstance(start, int):
         end = min(start + width, stop)
+        if start == 0 and end >= x.shape[axis]:
+            return x  # the whole input (a problem in one block): no slicing call
         return x[..., start:end] if axis == -1 else x[..., start:end, :]
     n = x.shape[axis]
     rows = xp.arange(width, device=array_api_compat.device(x)) + start

@@ -40,6 +40,8 @@ Markers (registered in ``pyproject.toml``):
   compile or a task graph, collection keeps a pairwise cover of the grid: every
   two values of every two parameters appear together once. The other targets run
   the whole grid.
+- ``every_dtype``: runs float32 on JAX and Dask too, where the other tests taking
+  ``backend`` run float64 only (see ``FLOAT64_TARGETS``).
 - ``full_matrix``: the bad-input checks on the targets beyond
   ``CHECK_TARGETS``. Left out unless ``-m`` names the marker:
   ``-m full_matrix`` runs just those, ``-m "full_matrix or not full_matrix"``
@@ -204,8 +206,27 @@ def _why_not(item: pytest.Item, config: pytest.Config) -> str | None:
     if compiled is not None and compiled.is_torch and params.get("dtype") == "float64":
         return "torch.compile in float32 only (Dynamo captures the same graph in every dtype)"
     if compiled is not None and compiled.is_jax and params.get("dtype") == "float32":
-        return "jax.jit in float64 only (the same trace in every dtype; eager JAX runs both)"
+        return "jax.jit in float64 only (the same trace in every dtype)"
+    target = params.get("backend")
+    if (
+        target is not None
+        and target.name in FLOAT64_TARGETS
+        and params.get("dtype") == "float32"
+        and item.get_closest_marker("every_dtype") is None
+    ):
+        return "jax, dask: float64 only, but where marked every_dtype (see FLOAT64_TARGETS)"
     return None
+
+
+#: CPU targets whose ``backend`` tests run in float64 (the tighter check) only, but those
+#: marked ``every_dtype``: on JAX each test compiles its calls (``lazy_xp_function``) and on
+#: Dask it builds a task graph, and that cost, most of their time, is the same in each
+#: dtype. float32 runs on them where a dtype goes wrong in a library's own way: the result
+#: dtype of every public function (``test_results_in_callers_library_and_device_inputs_kept``:
+#: a float64 constant promoting a float32 call), the core's values against the float64
+#: references (``test_attention.py``), and half precision with its float32 accumulators.
+#: Every test runs float32 on NumPy, array-api-strict and PyTorch, and on the GPU targets.
+FLOAT64_TARGETS = ("jax", "dask")
 
 
 #: Targets where each new shape costs a compile (JAX, its functions under ``jax.jit``) or a

@@ -16,6 +16,9 @@ from array_api_extra.testing import lazy_xp_function
 
 import relattn
 
+# The core's values in float32 on JAX and Dask too (tests/conftest.py: FLOAT64_TARGETS).
+pytestmark = pytest.mark.every_dtype
+
 # Lazy on Dask, traced under jax.jit on JAX, for every backend test.
 lazy_xp_modules = [relattn]
 for _function in (

@@ -13,6 +13,7 @@ The references are written here from their sources and share no code with relatt
 
 Attention goes through ``scaled_dot_product_attention(..., relative_bias=values)`` dense and
 blockwise, on every backend, float32 and float64 (float16 and bfloat16 where they exist).
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

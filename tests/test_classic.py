@@ -8,6 +8,7 @@ broadcast leading dimensions. Also: additive chunking, zero vectors in the
 cosine, empty local windows, ``jax.jit`` against eager, torch gradcheck, bad
 input, and the Vaswani encoder/decoder recipe (``examples/vaswani.py``)
 against a per-pair loop model.
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The command line rejects bad flag values in one line, argparse-style, before any work.
 
-Each case runs ``python -m relattn`` in a subprocess, as a user does: a bad
-value must end in a usage line, one ``error:`` line naming the flag and the
-value, exit status 2 and no traceback. A missing array library is simulated by
+Most cases run ``python -m relattn`` in a subprocess, as a user does; the table
+of bad flag values runs ``relattn.__main__.main`` in this process (the same
+parser and messages, without an interpreter start per case). A bad value must
+end in a usage line, one ``error:`` line naming the flag and the value, exit
+status 2 and no traceback. A missing array library is simulated by
 a directory on ``PYTHONPATH`` whose ``torch.py`` (or ``jax.py`` …) raises
 ``ModuleNotFoundError`` on import, as an absent library does.
 """
@@ -32,6 +34,20 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         cwd=ROOT,
         env=env,
     )
+
+
+def cli_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """:func:`cli` run by ``relattn.__main__.main`` in this process: an exception other
+    than ``SystemExit`` (a traceback, from a subprocess) fails the test as it propagates."""
+    from relattn.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "relattn", *args], code, out, err)
 
 
 def blocking(directory: Path, *libraries: str) -> dict[str, str]:
@@ -106,8 +122,8 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize(("flags", "fragments"), BAD_VALUES, ids=" ".join)
-def test_bad_value_is_one_line_usage_error(flags, fragments):
-    message = one_line_error(cli("demo", *flags))
+def test_bad_value_is_one_line_usage_error(flags, fragments, capsys):
+    message = one_line_error(cli_in_process(capsys, "demo", *flags))
     for fragment in fragments:
         assert fragment in message, (fragment, message)
 

@@ -4,6 +4,7 @@ Every result is compared, on every backend and in float32 and float64, with a
 NumPy float64 reference written below from Shen et al. 2018 with explicit loops
 over query ``i``, key ``j`` and feature ``k``; the positional masks of the
 reference are built here from ``i`` and ``j`` (not with ``relattn.masks``).
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ References, written here and sharing no code with relattn:
   ``_transpose_shift``, ``masked_fill(-inf)`` and softmax.
 
 Every backend, float32 and float64 (float16 and bfloat16 where they exist).
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -269,6 +269,11 @@ def test_constants_of_a_traced_call_do_not_outlive_it(jax_backend, rng):
     traced = jitted(q, k, v)
     eager = relattn.scaled_dot_product_attention(q, k, v, causal=True)
     np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-12, atol=1e-12)
+    # The causal-layout term: its -inf fill block (relattn.shift.extend) is kept too.
+    table = jax_backend.asarray(rng.normal(size=(5, 4)))
+    traced = jax.jit(relattn.relative_attention)(q, k, v, table)
+    eager = relattn.relative_attention(q, k, v, table)
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-12, atol=1e-12)
 
 
 def test_constants_made_under_inference_mode_serve_autograd(torch_backend, rng):
@@ -282,4 +287,11 @@ def test_constants_made_under_inference_mode_serve_autograd(torch_backend, rng):
         relattn.masked_softmax(x, mask)
     leaf = x.clone().requires_grad_(True)
     relattn.masked_softmax(leaf, mask).pow(2).sum().backward()
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+    # The relative path's kept blocks (the causal layout's -inf fill, the causal mask).
+    q, k, v, table = (torch.tensor(rng.normal(size=(2, 5, 4))) for _ in range(4))
+    with torch.inference_mode():
+        relattn.relative_attention(q, k, v, table)
+    leaf = q.clone().requires_grad_(True)
+    relattn.relative_attention(leaf, k, v, table).pow(2).sum().backward()
     assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())

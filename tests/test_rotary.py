@@ -5,6 +5,7 @@ The reference ``_rope_loop`` rotates one feature pair of one row at a time by
 layout, ``(k, k + r/2)`` in the concatenated one; features ``r … d-1`` unchanged.
 It shares no code with relattn. Every backend, float32 and float64 (float16 and
 bfloat16 where they exist).
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Two independent NumPy float64 references, written here from the paper:
 - ``_loop_shaw``: explicit loops over ``i``, ``j`` and features.
 
 relattn's result is compared with both on every backend, float32 and float64.
+On JAX and Dask these run in float64 only (``FLOAT64_TARGETS`` in ``conftest.py``).
 """
 
 from __future__ import annotations

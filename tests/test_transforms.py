@@ -881,6 +881,7 @@ def test_creation_default_is_numpy(name):
     assert isinstance(out, np.ndarray)
 
 
+@pytest.mark.every_dtype
 @pytest.mark.parametrize("name", ARRAY_CASES)
 def test_results_in_callers_library_and_device_inputs_kept(backend, dtype, name, rng):
     """The result: the caller's library, device and dtype. The inputs: never written to."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from typing import Any
 
 from ._base import Backend
@@ -42,9 +44,8 @@ def _fused_attention(q: Any, k: Any, v: Any) -> Any:
     sharding rule (batch or head shardings pass through without
     communication).
     """
-    import functools
-
-    if any(_is_dtensor(x) for x in (q, k, v)):
+    module = sys.modules.get("torch.distributed.tensor")
+    if module is not None and any(isinstance(x, module.DTensor) for x in (q, k, v)):
         return None
     return functools.partial(fused_attention, q, k, v)
 
@@ -56,8 +57,6 @@ def _is_dtensor(x: Any) -> bool:
     ``torch.distributed.tensor`` takes seconds, and no DTensor exists before it
     has been imported.
     """
-    import sys
-
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(x, module.DTensor)
 
