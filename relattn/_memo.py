@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["memo"]
+__all__ = ["constant", "memo"]
 
 #: Key -> array; cleared when full (a loop over many shapes starts again from empty).
 _KEPT: dict[Hashable, Any] = {}
@@ -45,3 +45,12 @@ def memo(xp: Any, eager: bool, key: tuple[Any, ...], make: Callable[[], Any]) ->
         _KEPT.clear()
     _KEPT[full_key] = made
     return made
+
+
+def constant(xp: Any, eager: bool, value: float, dtype: Any, device: Any) -> Any:
+    """The 0-d array ``value`` in ``dtype`` on ``device`` (a fill for ``where`` or
+    ``maximum``), kept for ``eager`` calls as :func:`memo` keeps arrays."""
+    return memo(
+        xp, eager, ("constant", value, dtype, device),
+        lambda: xp.full((), value, dtype=dtype, device=device),
+    )  # fmt: skip

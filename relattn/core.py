@@ -30,13 +30,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 import array_api_compat
 
 from ._checks import itemsize
-from ._memo import memo
+from ._memo import constant, memo
 from .backends import backend_for
 from .fold import (
     all_finite,
@@ -71,18 +70,14 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
     backend = backend_for(xp)
     eager = backend.has_values(scores)
 
-    def constant(name: str, value: Callable[[], float]) -> Any:
-        # The 0-d array of ``value()``, computed only when not kept.
-        return memo(
-            xp, eager, ("constant", name, dtype, device),
-            lambda: xp.full((), value(), dtype=dtype, device=device),
-        )  # fmt: skip
+    def fill(value: float) -> Any:
+        return constant(xp, eager, value, dtype, device)
 
     if mask is not None:
         # -inf, not the dtype's lowest value: exp gives exactly 0 for masked keys,
         # with no overflow in ``scores - peak`` even in float16. Selected, not added:
         # whatever a masked score holds (inf, NaN) is gone.
-        scores = xp.where(mask, scores, constant("-inf", lambda: -math.inf))
+        scores = xp.where(mask, scores, fill(-math.inf))
     # The shift cancels in the quotient: no gradient flows through the peak (and no
     # operation below keeps a constant for the backward pass).
     peak = backend.stop_gradient(xp.max(scores, axis=axis, keepdims=True))
@@ -90,7 +85,7 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
         # A row with no finite score (fully masked, or a -inf bias) has the peak -inf, and
         # ``scores - peak`` would be inf - inf: raising the peak to the lowest finite value
         # leaves every other row alone and makes that row's weights exp(-inf) = 0.
-        peak = xp.maximum(peak, constant("lowest", lambda: float(xp.finfo(dtype).min)))
+        peak = xp.maximum(peak, fill(float(xp.finfo(dtype).min)))
     shifted = scores - peak
     del scores
     weights = xp.exp(shifted)
@@ -100,7 +95,7 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
         # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
         # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no
         # other (selected, not max(total, 1), whose gradient splits at a total of 1).
-        total = xp.where(total > 0, total, constant("one", lambda: 1.0))
+        total = xp.where(total > 0, total, fill(1.0))
     return weights / total
 
 
@@ -178,7 +173,10 @@ def attention(p: Problem) -> Any:
     # A kernel adds -inf for a mask (Backend.fused_attention): a NaN or inf in a masked key
     # would reach every row. Its output is checked where values are at hand, and relattn's
     # paths (which select the masked scores out) run where it is not finite or not checked.
-    checked = kernel is not None and (p.mask is not None or (p.causal and not kernel_causal))
+    # A causal mask hides a key from some query only for Lq > 1: one query (a decode step)
+    # sits at the last key position and sees every key.
+    causal_masks = p.causal and not kernel_causal and p.lq > 1
+    checked = kernel is not None and (p.mask is not None or causal_masks)
     if checked and not backend.has_values(k):
         kernel = None
     blockable = backend.takes_blockwise(q)

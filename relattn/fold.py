@@ -28,6 +28,7 @@ import array_api_compat
 import array_api_extra as xpx
 
 from ._checks import index_dtype, itemsize
+from ._memo import constant
 from .backends import backend_for
 from .problem import Problem
 from .shift import unshift
@@ -254,9 +255,9 @@ def select_visible_keys(v: Any, visible: Any, xp: Any) -> Any:
     (``visible (..., Lq, Lk)``) set to 0: selected out, so that a NaN or inf there meets
     no product (``0 · NaN``, ``inf - inf``)."""
     seen = xp.any(visible, axis=-2) if visible.ndim >= 2 else visible
-    return xp.where(
-        seen[..., :, None], v, xp.zeros((), dtype=v.dtype, device=array_api_compat.device(v))
-    )
+    eager = backend_for(xp).has_values(v)
+    zero = constant(xp, eager, 0.0, v.dtype, array_api_compat.device(v))
+    return xp.where(seen[..., :, None], v, zero)
 
 
 def block_merge(a: BlockState, b: BlockState, xp: Any) -> BlockState:
@@ -344,9 +345,9 @@ def _pair_scores(
         s = _score_mod(p, s, at)
     if visible is not None:
         # Selected, not added: a NaN or inf in a masked score is gone.
-        s = xp.where(
-            visible, s, xp.full((), -math.inf, dtype=s.dtype, device=array_api_compat.device(s))
-        )
+        eager = backend_for(xp).has_values(s)
+        lowest = constant(xp, eager, -math.inf, s.dtype, array_api_compat.device(s))
+        s = xp.where(visible, s, lowest)
     return s, content
 
 

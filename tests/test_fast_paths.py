@@ -257,6 +257,10 @@ def test_memo_keeps_eager_small_arrays_only():
         xp, True, ("test", big), make(big)
     )
     assert _memo.memo(xp, True, ("test", [1]), make(2)).shape == (2,)  # unhashable key: made
+    fill = _memo.constant(xp, True, -math.inf, xp.float32, "cpu")
+    assert fill.shape == () and fill.dtype == xp.float32 and float(fill) == -math.inf
+    assert _memo.constant(xp, True, -math.inf, xp.float32, "cpu") is fill
+    assert _memo.constant(xp, True, -math.inf, xp.float64, "cpu").dtype == xp.float64
 
 
 def test_constants_of_a_traced_call_do_not_outlive_it(jax_backend, rng):
@@ -288,10 +292,12 @@ def test_constants_made_under_inference_mode_serve_autograd(torch_backend, rng):
     leaf = x.clone().requires_grad_(True)
     relattn.masked_softmax(leaf, mask).pow(2).sum().backward()
     assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
-    # The relative path's kept blocks (the causal layout's -inf fill, the causal mask).
+    # The relative path's kept blocks (the causal layout's -inf fill, the causal mask), dense
+    # and through the block fold (its -inf for masked scores).
     q, k, v, table = (torch.tensor(rng.normal(size=(2, 5, 4))) for _ in range(4))
-    with torch.inference_mode():
-        relattn.relative_attention(q, k, v, table)
-    leaf = q.clone().requires_grad_(True)
-    relattn.relative_attention(leaf, k, v, table).pow(2).sum().backward()
-    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+    for block_size in (None, 2):
+        with torch.inference_mode():
+            relattn.relative_attention(q, k, v, table, block_size=block_size)
+        leaf = q.clone().requires_grad_(True)
+        relattn.relative_attention(leaf, k, v, table, block_size=block_size).pow(2).sum().backward()
+        assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
