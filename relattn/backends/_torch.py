@@ -44,21 +44,20 @@ def _fused_attention(q: Any, k: Any, v: Any) -> Any:
     sharding rule (batch or head shardings pass through without
     communication).
     """
-    module = sys.modules.get("torch.distributed.tensor")
-    if module is not None and any(isinstance(x, module.DTensor) for x in (q, k, v)):
+    if _is_dtensor(q, k, v):
         return None
     return functools.partial(fused_attention, q, k, v)
 
 
-def _is_dtensor(x: Any) -> bool:
-    """``x`` is a ``torch.distributed.tensor.DTensor``.
+def _is_dtensor(*xs: Any) -> bool:
+    """Any of ``xs`` is a ``torch.distributed.tensor.DTensor``.
 
     Looked up in ``sys.modules``, not imported: importing
     ``torch.distributed.tensor`` takes seconds, and no DTensor exists before it
     has been imported.
     """
     module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(x, module.DTensor)
+    return module is not None and any(isinstance(x, module.DTensor) for x in xs)
 
 
 def _join(x: Any, like: Any) -> Any:
