@@ -263,6 +263,29 @@ def test_memo_keeps_eager_small_arrays_only():
     assert _memo.constant(xp, True, -math.inf, xp.float64, "cpu").dtype == xp.float64
 
 
+def test_eager_jax_blockwise_compiles_once_per_shape(jax_backend, rng):
+    """An eager JAX call of the traced fold is jitted once per problem and shape
+    (``Backend.staged``), and equals the NumPy result; a 0-d array scale (unhashable)
+    runs the loops eagerly."""
+    from relattn.backends import _jax
+
+    q, k, v = (rng.normal(size=(2, 5, 4)) for _ in range(3))
+    table = rng.normal(size=(5, 4))
+    expected = relattn.relative_attention(q, k, v, table, causal=True, block_size=2)
+    arrays = [jax_backend.asarray(x) for x in (q, k, v, table)]
+    _jax._jitted.cache_clear()
+    for _ in range(2):
+        out = relattn.relative_attention(*arrays, causal=True, block_size=2)
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12, atol=1e-12)
+    info = _jax._jitted.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    scale = jax_backend.asarray(np.asarray(0.5))
+    out = relattn.relative_attention(*arrays, causal=True, block_size=2, scale=scale)
+    want = relattn.relative_attention(q, k, v, table, causal=True, block_size=2, scale=0.5)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-12, atol=1e-12)
+    assert _jax._jitted.cache_info().currsize == 1
+
+
 def test_constants_of_a_traced_call_do_not_outlive_it(jax_backend, rng):
     """A jitted call first, the eager call after it: no tracer was kept for the eager one
     (causal dense path: the memoised causal mask and softmax constants)."""

@@ -17,7 +17,12 @@ transformers = pytest.importorskip("transformers")
 
 import relattn.huggingface  # noqa: E402 - after the skips
 
-NAME = relattn.huggingface.register()
+
+@pytest.fixture(scope="module")
+def name():
+    """relattn registered with transformers (its first call imports the model code: seconds,
+    paid by the tests here, not by collection)."""
+    return relattn.huggingface.register()
 
 
 def _llama():
@@ -59,47 +64,47 @@ def calls(monkeypatch):
 
 
 @pytest.mark.parametrize("reference", ["sdpa", "eager"])
-def test_llama_logits_equal_transformers(reference, calls):
+def test_llama_logits_equal_transformers(reference, calls, name):
     model = _llama()
     ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0  # a left-padded row
     with torch.no_grad():
         want = _with(model, reference)(input_ids=ids, attention_mask=mask).logits
-        got = _with(model, NAME)(input_ids=ids, attention_mask=mask).logits
+        got = _with(model, name)(input_ids=ids, attention_mask=mask).logits
     keep = mask.bool()
     np.testing.assert_allclose(got[keep].numpy(), want[keep].numpy(), rtol=1e-5, atol=1e-5)
     assert len(calls) == 2  # one per layer
 
 
-def test_llama_greedy_generation_with_a_cache_is_identical():
+def test_llama_greedy_generation_with_a_cache_is_identical(name):
     model = _llama()
     ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = _with(model, "sdpa").generate(ids, max_new_tokens=10, do_sample=False)
-        got = _with(model, NAME).generate(ids, max_new_tokens=10, do_sample=False)
+        got = _with(model, name).generate(ids, max_new_tokens=10, do_sample=False)
     assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("reference", ["sdpa", "eager"])
-def test_t5_logits_equal_transformers(reference, calls):
+def test_t5_logits_equal_transformers(reference, calls, name):
     """T5's bucketed relative bias reaches relattn as ``position_bias``."""
     model = _t5()
     ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     labels = torch.randint(1, 97, (2, 5), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         want = _with(model, reference)(input_ids=ids, labels=labels).logits
-        got = _with(model, NAME)(input_ids=ids, labels=labels).logits
+        got = _with(model, name)(input_ids=ids, labels=labels).logits
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
     assert len(calls) == 6  # encoder self, decoder self and cross attention, 2 layers each
 
 
-def test_t5_greedy_generation_with_a_cache_is_identical():
+def test_t5_greedy_generation_with_a_cache_is_identical(name):
     model = _t5()
     ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         want = _with(model, "sdpa").generate(ids, max_new_tokens=8, do_sample=False)
-        got = _with(model, NAME).generate(ids, max_new_tokens=8, do_sample=False)
+        got = _with(model, name).generate(ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(got, want)
 
 

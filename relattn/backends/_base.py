@@ -60,6 +60,12 @@ class Backend:
         ``0 … n-1`` as one traced loop (``lax.fori_loop``), so that a jit
         compiles the block fold's step once; ``None`` where the fold runs as
         Python loops over static blocks (every eager library).
+    staged : callable or None
+        ``(fn, statics, arrays) -> fn(*statics, *arrays)`` compiled once per
+        hashable ``statics`` and the arrays' shapes and dtypes (``jax.jit``):
+        how an eager call runs the traced loops of :attr:`fori_loop`, which
+        would otherwise compile their bodies on every call; with
+        ``fori_loop``.
     cond : callable or None
         ``(pred, true_fn, false_fn, operand) -> result``: a traced branch
         (``lax.cond``) for a traced ``pred``; ``None`` with ``fori_loop``.
@@ -134,6 +140,7 @@ class Backend:
     query_chunks: bool = True
     checkpoint: Callable[..., Any] = _call
     fori_loop: Callable[..., Any] | None = None
+    staged: Callable[..., Any] | None = None
     cond: Callable[..., Any] | None = None
     map: Callable[..., Any] | None = None
     dynamic_slice: Callable[..., Any] | None = None

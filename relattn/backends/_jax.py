@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from ._base import Backend
@@ -17,6 +19,25 @@ def _has_values(x: Any) -> bool:
     import jax
 
     return not isinstance(x, jax.core.Tracer)
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted(fn: Callable[..., Any], statics: tuple[Any, ...]) -> Callable[..., Any]:
+    import jax
+
+    return jax.jit(functools.partial(fn, *statics))
+
+
+def _staged(fn: Callable[..., Any], statics: tuple[Any, ...], arrays: tuple[Any, ...]) -> Any:
+    """``fn(*statics, *arrays)`` under one ``jax.jit`` per ``statics`` (and the arrays'
+    shapes and dtypes, JAX's own key): an eager call of a traced loop then compiles once,
+    where run eagerly each ``lax.map`` would compile its body again on every call.
+    Unhashable ``statics`` (a caller's closure over an array) run eagerly."""
+    try:
+        jitted = _jitted(fn, statics)
+    except TypeError:
+        return fn(*statics, *arrays)
+    return jitted(*arrays)
 
 
 def dot_product_attention(
@@ -220,6 +241,7 @@ BACKEND = Backend(
     query_chunks=False,
     checkpoint=_checkpoint,
     fori_loop=_fori_loop,
+    staged=_staged,
     cond=_cond,
     map=_map,
     dynamic_slice=_dynamic_slice,
