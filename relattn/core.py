@@ -160,8 +160,13 @@ def attention(p: Problem) -> Any:
         # An empty result, or zero rows where no key is (SPEC §1).
         shape = (*p.lead, p.lq, v.shape[-1])
         return xp.zeros(shape, dtype=p.dtype, device=array_api_compat.device(q))
-    # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
     backend = backend_for(xp)
+    if backend.staged is not None:
+        arrays = p.arrays()
+        blank = _staged_problem(p, arrays, backend)
+        if blank is not None:
+            return backend.staged(_attention_of, (blank,), arrays)
+    # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
     mods = p.score_mod is not None or p.mask_mod is not None  # they read the positions
     if p.has_positions and not mods and _default_positions(p, backend):
         # Positions that are today's (up to a shift per row): the shift path.
@@ -238,6 +243,27 @@ def attention(p: Problem) -> Any:
         return _dense(clean, mask, backend)
 
     return clean_unless_finite(first, clean, (p.v, *keys), mask, xp)
+
+
+def _staged_problem(p: Problem, arrays: tuple[Any, ...], backend: Any) -> Problem | None:
+    """``p`` without its arrays, the key under which ``Backend.staged`` compiles an eager
+    call on a library whose users compile (JAX) once per problem and shapes, rather than
+    an operation (and a traced loop) at a time; ``None`` for a traced call, or where the
+    rest is not hashable (a 0-d array ``scale``, an unhashable ``score_mod``), which then
+    runs an operation at a time."""
+    if not all(backend.has_values(x) for x in arrays if x is not None):
+        return None
+    blank = p.with_arrays((None,) * len(arrays))
+    try:
+        hash(blank)
+    except TypeError:
+        return None
+    return blank
+
+
+def _attention_of(blank: Problem, *arrays: Any) -> Any:
+    """:func:`attention` of ``blank`` given its arrays (for ``Backend.staged``)."""
+    return attention(blank.with_arrays(arrays))
 
 
 def _kernel(p: Problem, kernel: Any, kernel_causal: bool) -> Any:

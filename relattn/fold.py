@@ -572,26 +572,14 @@ def blockwise(p: Problem, block_size: tuple[int, int]) -> Any:
     """The problem's attention, a query block and a key block at a time.
 
     The backend's traced loops run it where it has them (``Backend.fori_loop``:
-    JAX, so that a jit compiles one block step; an eager call compiles them once
-    per shape through ``Backend.staged``); otherwise Python loops over static
-    blocks. Each query block is recomputed in the backward pass
+    JAX, so that a jit compiles one block step); otherwise Python loops over
+    static blocks. Each query block is recomputed in the backward pass
     (``Backend.checkpoint``) instead of keeping its key blocks' probabilities:
     memory ``O(Lq·d + block_size·Lk)`` for gradients too.
     """
-    backend = backend_for(p.xp)
-    if backend.fori_loop is None:
-        return _static_blocks(p, block_size, recompute=True)
-    arrays = p.arrays()
-    if backend.staged is not None and all(backend.has_values(x) for x in arrays if x is not None):
-        # An eager call: the loops compiled once for the problem's statics and shapes.
-        return backend.staged(_traced_from, (p.with_arrays((None,) * len(arrays)), block_size),
-                              arrays)  # fmt: skip
-    return _traced_blocks(p, block_size)
-
-
-def _traced_from(statics: Problem, block_size: tuple[int, int], *arrays: Any) -> Any:
-    """:func:`_traced_blocks` of ``statics`` with its arrays (for ``Backend.staged``)."""
-    return _traced_blocks(statics.with_arrays(arrays), block_size)
+    if backend_for(p.xp).fori_loop is not None:
+        return _traced_blocks(p, block_size)
+    return _static_blocks(p, block_size, recompute=True)
 
 
 #: Scores computed at once by the dense path of a library that runs one operation at a

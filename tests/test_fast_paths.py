@@ -263,10 +263,10 @@ def test_memo_keeps_eager_small_arrays_only():
     assert _memo.constant(xp, True, -math.inf, xp.float64, "cpu").dtype == xp.float64
 
 
-def test_eager_jax_blockwise_compiles_once_per_shape(jax_backend, rng):
-    """An eager JAX call of the traced fold is jitted once per problem and shape
-    (``Backend.staged``), and equals the NumPy result; a 0-d array scale (unhashable)
-    runs the loops eagerly."""
+def test_eager_jax_calls_compile_once_per_shape(jax_backend, rng):
+    """An eager JAX call is jitted whole once per problem and shape (``Backend.staged``),
+    the blockwise fold's traced loops included, and equals the NumPy result; a 0-d array
+    scale (unhashable) runs one operation at a time."""
     from relattn.backends import _jax
 
     q, k, v = (rng.normal(size=(2, 5, 4)) for _ in range(3))

@@ -62,10 +62,12 @@ class Backend:
         Python loops over static blocks (every eager library).
     staged : callable or None
         ``(fn, statics, arrays) -> fn(*statics, *arrays)`` compiled once per
-        hashable ``statics`` and the arrays' shapes and dtypes (``jax.jit``):
-        how an eager call runs the traced loops of :attr:`fori_loop`, which
-        would otherwise compile their bodies on every call; with
-        ``fori_loop``.
+        ``statics`` (hashable) and the arrays' shapes and dtypes (``jax.jit``
+        kept per ``statics``): how :func:`relattn.core.attention` runs an
+        eager call on a library whose users compile, where one operation at a
+        time compiles each operation for each new shape and a traced loop
+        (:attr:`fori_loop`) its body on every call. ``None``: eager calls run
+        one operation at a time.
     cond : callable or None
         ``(pred, true_fn, false_fn, operand) -> result``: a traced branch
         (``lax.cond``) for a traced ``pred``; ``None`` with ``fori_loop``.

@@ -29,15 +29,9 @@ def _jitted(fn: Callable[..., Any], statics: tuple[Any, ...]) -> Callable[..., A
 
 
 def _staged(fn: Callable[..., Any], statics: tuple[Any, ...], arrays: tuple[Any, ...]) -> Any:
-    """``fn(*statics, *arrays)`` under one ``jax.jit`` per ``statics`` (and the arrays'
-    shapes and dtypes, JAX's own key): an eager call of a traced loop then compiles once,
-    where run eagerly each ``lax.map`` would compile its body again on every call.
-    Unhashable ``statics`` (a caller's closure over an array) run eagerly."""
-    try:
-        jitted = _jitted(fn, statics)
-    except TypeError:
-        return fn(*statics, *arrays)
-    return jitted(*arrays)
+    """``fn(*statics, *arrays)`` under one ``jax.jit`` per ``statics`` (hashable), kept
+    for later calls; JAX's own cache keys it by the arrays' shapes and dtypes."""
+    return _jitted(fn, statics)(*arrays)
 
 
 def dot_product_attention(
