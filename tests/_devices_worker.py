@@ -59,7 +59,9 @@ B, H, D, DV = 2, 2, 4, 3  # batch, heads, d, d_v (d_v != d catches a swapped fea
 L = 16  # divisible by 2, 4 and 8
 MEMORY = 8  # Transformer-XL memory: Lk = L + MEMORY = 24 keys, shards of Lk / n
 RAGGED = 13  # divisible by none of 2, 4, 8
-DEVICE_COUNTS = (2, 4, 8)
+#: Rings of 2 (the smallest) and 8 devices (SPEC §5); a ring of 4 runs on the (2, 4) mesh of
+#: ``_mesh_2d`` (forward and gradients) and in ``_ring_errors``.
+DEVICE_COUNTS = (2, 8)
 #: HLO instructions that move data between devices.
 COLLECTIVES = (
     "all-gather",
