@@ -152,7 +152,8 @@ def attention(p: Problem) -> Any:
     the scores exceed the memory budget (:func:`automatic_block_size`), else the
     backend's fused kernel where one takes the inputs, else the dense array-API
     path (a block of queries at a time on libraries that run one operation at a
-    time).
+    time). An eager call on a library with ``Backend.staged`` (JAX) first
+    compiles this choice and its computation whole, once per problem and shapes.
     """
     xp = p.xp
     q, k, v = p.q, p.k, p.v
