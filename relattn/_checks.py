@@ -176,9 +176,15 @@ def cast(xp: ModuleType, x: Any, dtype: Any) -> Any:
     """
     if x is None:
         return x
-    if isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp):
+    if converts(xp, x):
         return xp.asarray(x, dtype=dtype)
     return x if x.dtype == dtype else xp.astype(x, dtype)
+
+
+def converts(xp: ModuleType, x: Any) -> bool:
+    """``x`` is a NumPy operand of another library's call: :func:`cast` and
+    :func:`cast_integer` make it an array of ``xp``."""
+    return isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp)
 
 
 def is_integer_dtype(xp: ModuleType, dtype: Any) -> bool:
@@ -197,9 +203,7 @@ def index_dtype(xp: ModuleType, device: Any) -> Any:
 
 def cast_integer(xp: ModuleType, x: Any) -> Any:
     """An integer array of ``xp`` as it is; a NumPy one beside JAX or Dask arrays converted."""
-    if isinstance(x, np.ndarray) and not array_api_compat.is_numpy_namespace(xp):
-        return xp.asarray(x)
-    return x
+    return xp.asarray(x) if converts(xp, x) else x
 
 
 def boolean(name: str, x: Any, xp: ModuleType) -> None:

@@ -25,9 +25,14 @@ from .backends import backend_for
 __all__ = ["Problem", "check"]
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class Problem:
     """A checked, cast attention problem (the terms of :mod:`relattn.core`).
+
+    Read, never written: a changed problem is a new one (``dataclasses.replace``).
+    Not frozen only because a frozen dataclass sets each of its 25 fields through
+    ``object.__setattr__``, 5 µs of a decode step's call; hashable (by its fields)
+    for ``Backend.staged``.
 
     ``q`` are the content queries ``(q + u) · scale``; ``qp`` the position
     queries ``(q + v) · scale`` (with a ``key_table``, else ``None``); ``ks`` the
@@ -231,6 +236,8 @@ def check(
     def cast(a: Any) -> Any:
         return a if a is None else _checks.cast(xp, a, dtype)
 
+    if layout.exact:  # every array is of xp and dtype already: nothing to cast
+        cast = _as_given
     q, k, v = cast(q), cast(k), cast(v)
     key_table, query_table = (
         cast(relative["position_table"]),
@@ -241,16 +248,23 @@ def check(
     qp = None
     if key_table is not None:
         qp = (q if position_bias is None else q + cast(position_bias)) * scale
+    query_positions = key_positions = query_segments = key_segments = None
+    if integers:
+        query_positions, key_positions, query_segments, key_segments = (
+            _checks.cast_integer(xp, integers.get(name))
+            for name in ("query_positions", "key_positions", "query_segment_ids",
+                         "key_segment_ids")
+        )  # fmt: skip
     return Problem(
         xp, dtype, content * scale, k, v, layout.lq, layout.lk, layout.lead, layout.causal,
         key_table, query_table, value_table, relative_bias, qp,
         k * scale if query_table is not None else None, cast(bias), mask, block_size, scale,
-        query_positions=_checks.cast_integer(xp, integers.get("query_positions")),
-        key_positions=_checks.cast_integer(xp, integers.get("key_positions")),
-        query_segments=_checks.cast_integer(xp, integers.get("query_segment_ids")),
-        key_segments=_checks.cast_integer(xp, integers.get("key_segment_ids")),
-        score_mod=score_mod, mask_mod=mask_mod,
+        query_positions, key_positions, query_segments, key_segments, score_mod, mask_mod,
     )  # fmt: skip
+
+
+def _as_given(a: Any) -> Any:
+    return a
 
 
 def _pair(name: str, value: Any, first: str, second: str) -> dict[str, Any]:
@@ -280,6 +294,8 @@ class Layout:
     lk: int
     lead: tuple[int, ...]
     causal: bool
+    #: Every array of the call is of ``xp`` and (if floating) ``dtype``: nothing to cast.
+    exact: bool
 
 
 #: Signature of an eager call that passed the checks -> its :class:`Layout`.
@@ -324,7 +340,7 @@ def _layout(
     dtype = _checks.floating(xp, q=q, k=k, v=v, **optional)
     bq, bk, d = check_qkv(q, k, v)
     lq, lk = (bq, bk) if lengths is None else lengths
-    relative = dict(relative)
+    given, relative = relative, dict(relative)  # the caller's tables; with those expanded
     if expand is not None:
         relative.update(expand(xp, dtype, causal, lq, lk))
     leads = {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]}
@@ -362,7 +378,11 @@ def _layout(
             f"have at most two leading dims (B, H, L, d), got leading dims {lead}"
         )
     causal = causal or any(w != lq + lk - 1 for w in widths)
-    return Layout(xp, dtype, lq, lk, lead, causal), relative
+    exact = not any(
+        a is not None and (_checks.converts(xp, a) or a.dtype != dtype)
+        for a in (q, k, v, *given.values(), content_bias, position_bias, relative_bias, bias)
+    ) and not any(_checks.converts(xp, a) for a in integers.values())  # fmt: skip
+    return Layout(xp, dtype, lq, lk, lead, causal, exact), relative
 
 
 def _check_integers(name: str, a: Any, length: int, lead: tuple[int, ...], xp: Any) -> None:
