@@ -9,13 +9,18 @@ a cache gives the same tokens.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("transformers is not installed", allow_module_level=True)
 
 import relattn.huggingface  # noqa: E402 - after the skips
+
+# transformers itself (1.5 s) is imported by the tests that build a model, not at collection.
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +31,8 @@ def name():
 
 
 def _llama():
+    import transformers
+
     config = transformers.LlamaConfig(
         vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -35,6 +42,8 @@ def _llama():
 
 
 def _t5():
+    import transformers
+
     config = transformers.T5Config(
         vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16,
