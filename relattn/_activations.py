@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
+from ._namespace import device_of
 
 
 def sigmoid(x: Any, xp: Any) -> Any:
@@ -14,7 +14,7 @@ def sigmoid(x: Any, xp: Any) -> Any:
 
 def elu(x: Any, xp: Any) -> Any:
     """``x`` for ``x > 0``, ``exp(x) - 1`` otherwise (Clevert et al. 2016, alpha = 1)."""
-    zero = xp.zeros((), dtype=x.dtype, device=array_api_compat.device(x))
+    zero = xp.zeros((), dtype=x.dtype, device=device_of(x))
     # expm1 sees x <= 0 only: the branch not taken never overflows, so its
     # gradient is 0 rather than 0 * inf = NaN.
     return xp.where(x > 0, x, xp.expm1(xp.where(x > 0, zero, x)))

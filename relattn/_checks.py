@@ -64,7 +64,7 @@ def scale(value: Any, d: int, xp: ModuleType) -> Any:
                 "(pass scale= to attend over zero features)"
             )
         return 1.0 / math.sqrt(d)
-    if array_api_compat.is_array_api_obj(value) and not isinstance(value, (int, float)):
+    if not isinstance(value, (int, float)) and array_api_compat.is_array_api_obj(value):
         if isinstance(value, np.generic):
             value = value.item()
         else:

@@ -13,7 +13,10 @@ from typing import Any
 
 import array_api_compat
 
-__all__ = ["known_namespace", "library", "namespace", "namespace_of_module", "require_array"]
+__all__ = [
+    "device_of", "is_array", "known_namespace", "library", "namespace", "namespace_of_module",
+    "require_array",
+]  # fmt: skip
 
 _XP_EXPECTED = (
     "xp must be an array library module (numpy, torch, jax.numpy, cupy, dask.array, "
@@ -26,9 +29,37 @@ def library(x: Any) -> str:
     return type(x).__module__.partition(".")[0]
 
 
+#: Libraries whose arrays hold their device in the standard's ``device`` attribute, as
+#: ``array_api_compat.device`` returns it (NumPy >= 2, the ``numpy>=2.0`` of relattn).
+_DEVICE_ATTRIBUTE = ("numpy", "torch", "cupy", "array_api_strict")
+
+
+def device_of(x: Any) -> Any:
+    """The device of array ``x``: its ``device`` attribute where the library keeps the
+    standard's there, else ``array_api_compat.device`` (JAX, whose tracers have none, and
+    Dask). The attribute is read directly for a call's every array: ``array_api_compat``
+    would first ask ``functools.lru_cache``-wrapped type tests, through which
+    ``torch.compile`` warns at every call it traces (and which a short call feels)."""
+    if library(x) in _DEVICE_ATTRIBUTE:
+        return x.device
+    return array_api_compat.device(x)
+
+
+def is_array(a: Any) -> bool:
+    """``a`` is an array of an array-API library (not a Python scalar).
+
+    Types seen before, and PyTorch's tensors, are known without array-api-compat's
+    ``is_array_api_obj``, whose ``functools.lru_cache``-wrapped type tests make
+    ``torch.compile`` warn where its trace calls them.
+    """
+    if type(a) in _NAMESPACE_OF_TYPE or _is_plain_torch_tensor(a):
+        return True
+    return not isinstance(a, (int, float, complex)) and array_api_compat.is_array_api_obj(a)
+
+
 def require_array(name: str, a: Any) -> None:
     """``TypeError`` naming ``name`` unless ``a`` is an array of an array-API library."""
-    if not array_api_compat.is_array_api_obj(a) or isinstance(a, (int, float, complex)):
+    if not is_array(a):
         what = "None" if a is None else type(a).__name__
         raise TypeError(f"{name} must be an array, got {what}")
 
@@ -65,6 +96,12 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     else:
         if first is not None:
             return first
+    if all(_is_plain_torch_tensor(a) for a in arrays.values()):
+        # By type, not through array-api-compat's functools.lru_cache-wrapped type tests,
+        # through which torch.compile warns when its trace makes a program's first call.
+        xp = _compat_torch()
+        _NAMESPACE_OF_TYPE[type(next(iter(arrays.values())))] = xp
+        return xp
     for name, a in arrays.items():
         require_array(name, a)
     try:
@@ -81,6 +118,12 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     if len(types) == 1:
         _NAMESPACE_OF_TYPE[types.pop()] = xp
     return xp
+
+
+def _is_plain_torch_tensor(a: Any) -> bool:
+    """``a`` is a ``torch.Tensor`` (not a subclass), known without importing torch."""
+    kind = type(a)
+    return kind.__name__ == "Tensor" and kind.__module__ == "torch"
 
 
 def _compat_numpy() -> ModuleType:
@@ -162,7 +205,20 @@ def per_module(cache: dict[str, tuple[ModuleType, Any]], xp: ModuleType, compute
 _RESOLVED: dict[str, tuple[ModuleType, ModuleType]] = {}
 
 
+#: Namespaces that are their own array-API namespace, known by name: array-api-compat's
+#: ``is_*_namespace`` ask a ``functools.lru_cache``-wrapped helper, through which
+#: torch.compile warns when its trace resolves a namespace for the first time.
+_OWN_NAMESPACES = (
+    "array_api_compat.numpy", "array_api_compat.torch", "array_api_compat.cupy",
+    "array_api_compat.dask.array", "jax.numpy",
+)  # fmt: skip
+
+
 def _namespace_of_module(xp: ModuleType) -> ModuleType:
+    if xp.__name__ in _OWN_NAMESPACES:
+        return xp
+    if xp.__name__ == "torch":
+        return _compat_torch()
     for is_library, namespace in _NAMESPACES:
         if is_library(xp):
             return namespace()

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import array_api_compat
 import array_api_extra as xpx
 
 from . import _checks
+from ._namespace import device_of
 from ._typing import Array, Namespace
 from .problem import relative_width
 from .shift import shift
@@ -172,7 +172,7 @@ def relative_position_bucket(
             f"max_distance must be > n/2 = {exact}, the distances with a bucket of their own "
             f"(n = {n} buckets per direction), got {max_distance}"
         )
-    device = array_api_compat.device(distances)
+    device = device_of(distances)
     integer = xpx.default_dtype(xp, "integral", device=device)
     delta = xp.astype(distances, integer) if distances.dtype != integer else distances
     zero = xp.zeros((), dtype=integer, device=device)
@@ -283,7 +283,7 @@ def log_bucket_position(distances: Array, *, bucket_size: int, max_position: int
         raise ValueError(
             f"max_position must be > bucket_size // 2 + 1 = {mid + 1}, got {max_position}"
         )
-    device = array_api_compat.device(distances)
+    device = device_of(distances)
     integer = xpx.default_dtype(xp, "integral", device=device)
     r = xp.astype(distances, integer) if distances.dtype != integer else distances
     magnitude = xp.abs(r)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
-
 from . import _checks, problem
+from ._namespace import device_of
 from ._typing import Array
 from .backends import backend_for
 from .fold import (
@@ -184,7 +183,7 @@ def attention_block(
             )
     shape = (*p.lead, bq, p.v.shape[-1])
     if state is None:
-        state = block_start(shape, accumulator_dtype(p.dtype, xp), array_api_compat.device(p.q), xp)
+        state = block_start(shape, accumulator_dtype(p.dtype, xp), device_of(p.q), xp)
     else:
         _check_state(state, shape)
     sub_q, sub_k = p.block_size or (max(bq, 1), max(bk, 1))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
 import numpy as np
 
 from . import _checks
+from ._namespace import device_of
 from ._typing import Array
 from .core import softmax
 from .problem import check_mask, check_qkv
@@ -157,7 +157,7 @@ def complex_order_embedding(
             "amplitude, frequency and phase (..., L, d) and positions (..., L) must "
             f"broadcast together (positions as (..., L, 1)), got {found}"
         ) from None
-    cdtype, real = _complex_dtype(xp, real, array_api_compat.device(amplitude))
+    cdtype, real = _complex_dtype(xp, real, device_of(amplitude))
     r, w, theta, pos = (_checks.cast(xp, a, real) for a in (amplitude, frequency, phase, positions))
     angle = w * xp.expand_dims(pos, axis=-1) + theta
     return _combine(r * xp.cos(angle), r * xp.sin(angle), cdtype, xp)

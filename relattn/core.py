@@ -32,10 +32,9 @@ import math
 import os
 from typing import Any
 
-import array_api_compat
-
 from ._checks import itemsize
 from ._memo import constant, memo
+from ._namespace import device_of
 from .backends import backend_for
 from .fold import (
     all_finite,
@@ -66,7 +65,7 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
     """
     if math.prod(scores.shape) == 0:
         return scores  # nothing to normalise (Dask cannot reduce empty chunks either)
-    dtype, device = scores.dtype, array_api_compat.device(scores)
+    dtype, device = scores.dtype, device_of(scores)
     backend = backend_for(xp)
     eager = backend.has_values(scores)
 
@@ -160,7 +159,7 @@ def attention(p: Problem) -> Any:
     if p.lq == 0 or p.lk == 0 or 0 in p.lead or v.shape[-1] == 0:
         # An empty result, or zero rows where no key is (SPEC §1).
         shape = (*p.lead, p.lq, v.shape[-1])
-        return xp.zeros(shape, dtype=p.dtype, device=array_api_compat.device(q))
+        return xp.zeros(shape, dtype=p.dtype, device=device_of(q))
     backend = backend_for(xp)
     if backend.staged is not None:
         arrays = p.arrays()
@@ -308,7 +307,7 @@ def _default_positions(p: Problem, backend: Any) -> bool:
     if not (whole and backend.has_values(qpos) and backend.has_values(kpos)):
         return False
     xp = p.xp
-    device = array_api_compat.device(qpos)
+    device = device_of(qpos)
     q_start = qpos - xp.astype(xp.arange(p.lq, device=device), qpos.dtype)
     k_start = kpos - xp.astype(xp.arange(p.lk, device=device), kpos.dtype)
     # One start per side, the queries' Lk - Lq after the keys': δ(i, j) = j - (i + Lk - Lq).
@@ -325,7 +324,7 @@ def _causal(p: Problem) -> Any:
     """
     if not p.causal:
         return p.mask
-    device = array_api_compat.device(p.q)
+    device = device_of(p.q)
     blocked = memo(  # None: all visible
         p.xp, backend_for(p.xp).has_values(p.q), ("causal", p.lq, p.lk, device),
         lambda: visible_mask(p, (0, p.lq, 0, p.lk), device, causal=True),

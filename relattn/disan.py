@@ -16,10 +16,9 @@ import math
 import numbers
 from typing import Any
 
-import array_api_compat
-
 from . import _checks
 from ._activations import elu, sigmoid
+from ._namespace import device_of
 from ._typing import Array
 from .core import softmax
 from .masks import backward_mask, diagonal_disabled_mask, forward_mask
@@ -245,7 +244,7 @@ def multi_dimensional_attention(
     )
     query = h @ query_weight + bias  # W¹ h_i + b¹: once per token, not per pair
     key = h @ key_weight  # W² h_j
-    device = array_api_compat.device(h)
+    device = device_of(h)
     allowed = None if direction is None else _DIRECTIONS[direction](length, xp=xp, device=device)
     values = h[..., None, :, :]  # (..., 1, L, d)
     parts = []

@@ -16,11 +16,11 @@ import math
 from decimal import Decimal, localcontext
 from typing import Any
 
-import array_api_compat
 import array_api_extra as xpx
 import numpy as np
 
 from . import _checks
+from ._namespace import device_of, is_array
 from ._typing import Array, Namespace
 
 __all__ = ["inverse_frequencies", "sinusoidal_position_encoding"]
@@ -306,13 +306,13 @@ def sinusoidal_position_encoding(
         xp = _checks.creation_namespace(xp, frequencies=frequencies)
         count = _checks.length("positions", positions, minimum=0)
         if device is None and frequencies is not None:
-            device = array_api_compat.device(frequencies)
+            device = device_of(frequencies)
         work = _working_dtype(xp, device)
         p = xp.arange(count, device=device)  # integers: exact in every path
         if dtype is None:
             dtype = xpx.default_dtype(xp, device=device)
     else:
-        if not array_api_compat.is_array_api_obj(positions) or isinstance(positions, float):
+        if isinstance(positions, float) or not is_array(positions):
             raise TypeError(
                 "positions must be an array or an integer count, "
                 f"got {'None' if positions is None else type(positions).__name__}"
@@ -328,7 +328,7 @@ def sinusoidal_position_encoding(
                 f"positions must be a real or integer array, got dtype {positions.dtype}"
             )
         if device is None:
-            device = array_api_compat.device(positions)
+            device = device_of(positions)
         if dtype is None:
             floating = xp.isdtype(positions.dtype, "real floating")
             dtype = positions.dtype if floating else xpx.default_dtype(xp, device=device)

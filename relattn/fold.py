@@ -24,11 +24,11 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import array_api_compat
 import array_api_extra as xpx
 
 from ._checks import index_dtype, itemsize
 from ._memo import constant
+from ._namespace import device_of
 from .backends import backend_for
 from .problem import Problem
 from .shift import unshift
@@ -256,7 +256,7 @@ def select_visible_keys(v: Any, visible: Any, xp: Any) -> Any:
     no product (``0 · NaN``, ``inf - inf``)."""
     seen = xp.any(visible, axis=-2) if visible.ndim >= 2 else visible
     eager = backend_for(xp).has_values(v)
-    zero = constant(xp, eager, 0.0, v.dtype, array_api_compat.device(v))
+    zero = constant(xp, eager, 0.0, v.dtype, device_of(v))
     return xp.where(seen[..., :, None], v, zero)
 
 
@@ -346,7 +346,7 @@ def _pair_scores(
     if visible is not None:
         # Selected, not added: a NaN or inf in a masked score is gone.
         eager = backend_for(xp).has_values(s)
-        lowest = constant(xp, eager, -math.inf, s.dtype, array_api_compat.device(s))
+        lowest = constant(xp, eager, -math.inf, s.dtype, device_of(s))
         s = xp.where(visible, s, lowest)
     return s, content
 
@@ -357,7 +357,7 @@ def pair_visible(
     """Where the block's queries may attend its keys: ``mask``, ``causal`` (``δ <= 0``),
     ``segment_ids``, ``mask_mod`` and keys before ``key_limit`` (the padding of a traced
     loop); ``None`` where every pair may."""
-    device = array_api_compat.device(rows.q)
+    device = device_of(rows.q)
     contiguous = not p.has_positions
     visible = visible_mask(p, block, device, causal=p.causal and contiguous, key_limit=key_limit)
     parts = [visible, kb.mask]
@@ -393,7 +393,7 @@ def _mod_indices(p: Problem, device: Any) -> tuple[Any, Any]:
 
 def _score_mod(p: Problem, s: Any, at: Any) -> Any:
     xp = p.xp
-    batch, head = _mod_indices(p, array_api_compat.device(s))
+    batch, head = _mod_indices(p, device_of(s))
     assert p.score_mod is not None
     out = p.score_mod(s, batch, head, at[0], at[1])
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
@@ -411,7 +411,7 @@ def _score_mod(p: Problem, s: Any, at: Any) -> Any:
 
 def _mask_mod(p: Problem, at: Any) -> Any:
     xp = p.xp
-    batch, head = _mod_indices(p, array_api_compat.device(at[0]))
+    batch, head = _mod_indices(p, device_of(at[0]))
     assert p.mask_mod is not None
     out = p.mask_mod(batch, head, at[0], at[1])
     if not hasattr(out, "dtype") or out.dtype != xp.bool:
@@ -495,7 +495,7 @@ def fold_keys(
     bq = rows.q.shape[-2]
     offset = p.lk - p.lq
     work = accumulator_dtype(p.dtype, xp)
-    device = array_api_compat.device(rows.q)
+    device = device_of(rows.q)
     # Inside JAX's shard_map the state must vary over the mesh axes of what is folded in.
     inputs = (*p.arrays(), *rows.arrays())
     if state is None:

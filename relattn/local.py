@@ -15,6 +15,7 @@ import array_api_compat
 
 from . import _checks
 from ._activations import sigmoid
+from ._namespace import device_of
 from ._typing import Array
 from .core import softmax
 from .problem import check_mask
@@ -71,9 +72,9 @@ def predicted_positions(q: Array, weight: Array, v: Array, key_length: Any) -> A
     >>> predicted_positions(xp.ones((2, 4)), xp.zeros((4, 3)), xp.ones(3), 6)   # 6 · sigmoid(0)
     array([3., 3.])
     """
-    length_array = array_api_compat.is_array_api_obj(key_length) and not isinstance(
+    length_array = not isinstance(
         key_length, numbers.Integral
-    )
+    ) and array_api_compat.is_array_api_obj(key_length)
     if length_array:
         xp = _checks.namespace(q=q, weight=weight, v=v, key_length=key_length)
         if not xp.isdtype(key_length.dtype, ("real floating", "integral")):
@@ -177,7 +178,7 @@ def local_p_weights(scores: Array, positions: Array, window: int, *, mask: Array
     check_mask(mask, (*lead, lq, lk), xp)
     scores, positions = (_checks.cast(xp, a, dtype) for a in (scores, positions))
 
-    keys = xp.arange(lk, dtype=dtype, device=array_api_compat.device(scores))
+    keys = xp.arange(lk, dtype=dtype, device=device_of(scores))
     distance = keys - positions[..., None]  # j - p_i, (..., Lq, Lk)
     inside = xp.abs(distance) <= window
     mask = inside if mask is None else inside & mask

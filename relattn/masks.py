@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
-
 from . import _checks
+from ._namespace import device_of
 from ._typing import Array, Namespace
 from .backends import backend_for
 from .positions import relative_positions
@@ -320,7 +319,7 @@ def padding_mask(lengths: Array, max_length: int) -> Array:
         smallest = int(xp.min(lengths))
         if smallest < 0:
             raise ValueError(f"lengths must be >= 0, got a length of {smallest}")
-    positions = xp.arange(max_length, dtype=lengths.dtype, device=array_api_compat.device(lengths))
+    positions = xp.arange(max_length, dtype=lengths.dtype, device=device_of(lengths))
     return positions[None, :] < lengths[:, None]
 
 
@@ -363,7 +362,7 @@ def mask_to_bias(mask: Array, *, dtype: Any) -> Array:
     xp = _checks.namespace(mask=mask)
     _checks.boolean("mask", mask, xp)
     _checks.dtype("dtype", dtype, xp)
-    device = array_api_compat.device(mask)
+    device = device_of(mask)
     zero = xp.zeros((), dtype=dtype, device=device)
     blocked = xp.full((), xp.finfo(dtype).min / 2, dtype=dtype, device=device)
     return xp.where(mask, zero, blocked)

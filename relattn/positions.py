@@ -16,6 +16,7 @@ from typing import Any
 import array_api_compat
 
 from . import _checks
+from ._namespace import device_of
 from ._typing import Array, Namespace
 
 __all__ = ["relative_distances", "relative_positions", "relative_table"]
@@ -27,7 +28,7 @@ def _start(name: str, value: Any) -> Any:
     """A block's start: a Python integer, or a traced/0-d integer array (under a jit)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool")
-    if array_api_compat.is_array_api_obj(value) and not isinstance(value, int):
+    if not isinstance(value, int) and array_api_compat.is_array_api_obj(value):
         if getattr(value, "ndim", None) != 0:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
         return value
@@ -313,7 +314,7 @@ def relative_table(
     _checks.ndim("table", table, 2, "(..., 2K+1, d)")
     _checks.choice("out_of_range", out_of_range, OUT_OF_RANGE)
     past, future = clip_radius("table", radius, table.shape[-2])
-    device = array_api_compat.device(table)
+    device = device_of(table)
     delta = relative_distances(query_length, key_length, causal=causal, xp=xp, device=device)
     expanded = xp.take(table, xp.clip(delta, -past, future) + past, axis=table.ndim - 2)
     if out_of_range == "zero":

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import array_api_compat
-
 from . import _checks
+from ._namespace import device_of
 from ._typing import Array
 from .encodings import LAYOUTS, _check_base, _sin_cos, _working_dtype
 
@@ -137,7 +136,7 @@ def rotary_position_embedding(
         r = _checks.length("rotary_dim", rotary_dim, minimum=0)
         if r % 2 or r > d:
             raise ValueError(f"rotary_dim must be even and at most d = {d}, got {r}")
-    device = array_api_compat.device(x)
+    device = device_of(x)
     if positions is None:
         positions = xp.arange(length, device=device)
     else:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
-
 from . import _checks
 from ._memo import memo
+from ._namespace import device_of
 from ._typing import Array
 from .backends import backend_for
 
@@ -31,7 +30,7 @@ def extend(x: Any, axis: int, before: int, after: int, xp: Any, fill: float = 0.
     """
     if not (before or after):
         return x
-    dtype, device = x.dtype, array_api_compat.device(x)
+    dtype, device = x.dtype, device_of(x)
     backend = backend_for(xp)
     eager = backend.has_values(x)
 
@@ -83,7 +82,7 @@ def unshift(x: Any, xp: Any) -> Any:
     if lq == 0 or lk == 0:
         # No pair: every column of the relative layout is zero (or there is no row).
         shape = (*batch, lq, max(full, 0))
-        return xp.zeros(shape, dtype=x.dtype, device=array_api_compat.device(x))
+        return xp.zeros(shape, dtype=x.dtype, device=device_of(x))
     if lq == 1:
         return x
     # Inverse of ``shift`` with a single padded copy: with one zero row above and

@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import array_api_compat
-
 from ._checks import broadcast_shapes, index_dtype
+from ._namespace import device_of
 from .backends import backend_for
 from .problem import Problem
 from .shift import extend, shift
@@ -72,7 +71,7 @@ def window(x: Any, start: Any, width: int, stop: int, axis: int, xp: Any) -> Any
             return x  # the whole input (a problem in one block): no slicing call
         return x[..., start:end] if axis == -1 else x[..., start:end, :]
     n = x.shape[axis]
-    rows = xp.arange(width, device=array_api_compat.device(x)) + start
+    rows = xp.arange(width, device=device_of(x)) + start
     rows = xp.clip(rows, 0, n - 1)
     return xp.take(x, rows, axis=x.ndim + axis)
 
@@ -197,7 +196,7 @@ def _columns(p: Problem, table: Any, delta: Any, axis: int) -> tuple[Any, Any]:
     xp = p.xp
     width = table.shape[axis]
     m = xp.clip(delta + (p.lk - 1), 0, width - 1)
-    index = index_dtype(xp, array_api_compat.device(m))
+    index = index_dtype(xp, device_of(m))
     if m.dtype != index:
         m = xp.astype(m, index)
     if backend_for(xp).has_values(m) and math.prod(m.shape) > 0:

@@ -493,6 +493,40 @@ def test_jit_equals_eager(jit_backend, dtype, name, rng):
         np.testing.assert_array_equal(got, want)
 
 
+def test_torch_compile_of_a_program_first_call_warns_nothing(torch_backend, monkeypatch):
+    """A trace that makes the program's first relattn calls (no namespace, backend or device
+    looked up yet) warns of nothing: relattn knows PyTorch's namespace, backend and devices
+    by type and name, not through array-api-compat's ``functools.lru_cache``-wrapped type
+    tests, of each of which Dynamo warns (19 warnings on one call before). Later traces are
+    covered by the suite's warnings-as-errors (pyproject.toml)."""
+    import warnings
+
+    from relattn import _namespace, backends
+
+    for cache in ("_NAMESPACE_OF_TYPE", "_RESOLVED"):
+        monkeypatch.setattr(_namespace, cache, {})
+    monkeypatch.setattr(backends, "_BACKENDS", {})
+    rng = np.random.default_rng(0)
+    q, table, clipped = (
+        torch_backend.asarray(rng.normal(size=shape), "float32")
+        for shape in ((2, 5, 4), (5, 4), (3, 4))
+    )
+
+    def calls(q, table, clipped):
+        return (
+            relattn.relative_attention(q, q, q, table, block_size=2),
+            relattn.shaw_attention(q, q, q, clipped, None),
+            relattn.sinusoidal_position_encoding(table[:, 0], 4),
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch_backend.jit(calls)(q, table, clipped)
+    assert [str(w.message) for w in caught] == []
+    for got, want in zip(compiled, calls(q, table, clipped), strict=True):
+        torch_backend.assert_close(got, torch_backend.to_host(want), "float32")
+
+
 def test_jit_padding_mask_skips_value_check(jit_backend):
     """Under a trace the lengths cannot be read: a negative one gives an empty row, no error."""
     jitted = jit_backend.jit(lambda lengths: relattn.padding_mask(lengths, 4))

@@ -45,8 +45,14 @@ def backend_for(xp: ModuleType) -> Backend:
 _BACKENDS: dict[str, tuple[ModuleType, Backend]] = {}
 
 
+#: PyTorch's namespaces, known by name: array-api-compat's ``is_torch_namespace`` asks a
+#: ``functools.lru_cache``-wrapped helper, through which torch.compile warns when its
+#: trace makes a program's first call.
+_TORCH_NAMESPACES = ("torch", "array_api_compat.torch")
+
+
 def _backend_for(xp: ModuleType) -> Backend:
-    if array_api_compat.is_torch_namespace(xp):
+    if xp.__name__ in _TORCH_NAMESPACES:
         from . import _torch
 
         return _torch.BACKEND
