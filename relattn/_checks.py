@@ -16,7 +16,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ._namespace import library, namespace, namespace_of_module
+from ._namespace import is_array, library, namespace, namespace_of_module
 
 
 def creation_namespace(xp: Any, **arrays: Any) -> ModuleType:
@@ -64,7 +64,7 @@ def scale(value: Any, d: int, xp: ModuleType) -> Any:
                 "(pass scale= to attend over zero features)"
             )
         return 1.0 / math.sqrt(d)
-    if not isinstance(value, (int, float)) and array_api_compat.is_array_api_obj(value):
+    if is_array(value):
         if isinstance(value, np.generic):
             value = value.item()
         else:

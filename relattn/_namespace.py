@@ -14,8 +14,8 @@ from typing import Any
 import array_api_compat
 
 __all__ = [
-    "device_of", "is_array", "known_namespace", "library", "namespace", "namespace_of_module",
-    "require_array",
+    "TORCH_NAMESPACES", "device_of", "is_array", "known_namespace", "library", "namespace",
+    "namespace_of_module", "require_array",
 ]  # fmt: skip
 
 _XP_EXPECTED = (
@@ -96,16 +96,23 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
     else:
         if first is not None:
             return first
-    if all(_is_plain_torch_tensor(a) for a in arrays.values()):
+    xp = _resolve(arrays)
+    types = {type(a) for a in arrays.values()}
+    if len(types) == 1:
+        _NAMESPACE_OF_TYPE[types.pop()] = xp
+    return xp
+
+
+def _resolve(arrays: dict[str, Any]) -> ModuleType:
+    """:func:`namespace` of ``arrays``, not yet known by their types."""
+    if arrays and all(_is_plain_torch_tensor(a) for a in arrays.values()):
         # By type, not through array-api-compat's functools.lru_cache-wrapped type tests,
         # through which torch.compile warns when its trace makes a program's first call.
-        xp = _compat_torch()
-        _NAMESPACE_OF_TYPE[type(next(iter(arrays.values())))] = xp
-        return xp
+        return _compat_torch()
     for name, a in arrays.items():
         require_array(name, a)
     try:
-        xp = array_api_compat.array_namespace(*arrays.values())
+        return array_api_compat.array_namespace(*arrays.values())
     except TypeError:
         # JAX and Dask take NumPy operands themselves: so does relattn, converting them
         # to the library of the other inputs.
@@ -114,10 +121,6 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
             return array_api_compat.array_namespace(*others)
         found_names = ", ".join(f"{name} is a {library(a)} array" for name, a in arrays.items())
         raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
-    types = {type(a) for a in arrays.values()}
-    if len(types) == 1:
-        _NAMESPACE_OF_TYPE[types.pop()] = xp
-    return xp
 
 
 def _is_plain_torch_tensor(a: Any) -> bool:
@@ -205,20 +208,23 @@ def per_module(cache: dict[str, tuple[ModuleType, Any]], xp: ModuleType, compute
 _RESOLVED: dict[str, tuple[ModuleType, ModuleType]] = {}
 
 
-#: Namespaces that are their own array-API namespace, known by name: array-api-compat's
-#: ``is_*_namespace`` ask a ``functools.lru_cache``-wrapped helper, through which
-#: torch.compile warns when its trace resolves a namespace for the first time.
+#: Namespaces known by name: array-api-compat's ``is_*_namespace`` ask a
+#: ``functools.lru_cache``-wrapped helper, through which torch.compile warns when its trace
+#: resolves a namespace for the first time. PyTorch's two (``torch`` and its
+#: array-api-compat namespace) also name its backend (:mod:`relattn.backends`); the others
+#: are their own array-API namespace.
+TORCH_NAMESPACES = ("torch", "array_api_compat.torch")
 _OWN_NAMESPACES = (
-    "array_api_compat.numpy", "array_api_compat.torch", "array_api_compat.cupy",
-    "array_api_compat.dask.array", "jax.numpy",
+    "array_api_compat.numpy", "array_api_compat.cupy", "array_api_compat.dask.array",
+    "jax.numpy",
 )  # fmt: skip
 
 
 def _namespace_of_module(xp: ModuleType) -> ModuleType:
+    if xp.__name__ in TORCH_NAMESPACES:
+        return _compat_torch()
     if xp.__name__ in _OWN_NAMESPACES:
         return xp
-    if xp.__name__ == "torch":
-        return _compat_torch()
     for is_library, namespace in _NAMESPACES:
         if is_library(xp):
             return namespace()

@@ -11,11 +11,9 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-import array_api_compat
-
 from . import _checks
 from ._activations import sigmoid
-from ._namespace import device_of
+from ._namespace import device_of, is_array
 from ._typing import Array
 from .core import softmax
 from .problem import check_mask
@@ -72,9 +70,7 @@ def predicted_positions(q: Array, weight: Array, v: Array, key_length: Any) -> A
     >>> predicted_positions(xp.ones((2, 4)), xp.zeros((4, 3)), xp.ones(3), 6)   # 6 · sigmoid(0)
     array([3., 3.])
     """
-    length_array = not isinstance(
-        key_length, numbers.Integral
-    ) and array_api_compat.is_array_api_obj(key_length)
+    length_array = not isinstance(key_length, numbers.Integral) and is_array(key_length)
     if length_array:
         xp = _checks.namespace(q=q, weight=weight, v=v, key_length=key_length)
         if not xp.isdtype(key_length.dtype, ("real floating", "integral")):

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import array_api_compat
-
 from . import _checks
-from ._namespace import device_of
+from ._namespace import device_of, is_array
 from ._typing import Array, Namespace
 
 __all__ = ["relative_distances", "relative_positions", "relative_table"]
@@ -28,7 +26,7 @@ def _start(name: str, value: Any) -> Any:
     """A block's start: a Python integer, or a traced/0-d integer array (under a jit)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool")
-    if not isinstance(value, int) and array_api_compat.is_array_api_obj(value):
+    if is_array(value):
         if getattr(value, "ndim", None) != 0:
             raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}")
         return value

@@ -19,7 +19,7 @@ from types import ModuleType
 import array_api_compat
 import numpy as np
 
-from .._namespace import namespace_of_module, per_module
+from .._namespace import TORCH_NAMESPACES, namespace_of_module, per_module
 from ._base import Backend
 
 __all__ = ["MODULES", "Backend", "backend_for", "namespace_of_module"]
@@ -45,14 +45,10 @@ def backend_for(xp: ModuleType) -> Backend:
 _BACKENDS: dict[str, tuple[ModuleType, Backend]] = {}
 
 
-#: PyTorch's namespaces, known by name: array-api-compat's ``is_torch_namespace`` asks a
-#: ``functools.lru_cache``-wrapped helper, through which torch.compile warns when its
-#: trace makes a program's first call.
-_TORCH_NAMESPACES = ("torch", "array_api_compat.torch")
-
-
 def _backend_for(xp: ModuleType) -> Backend:
-    if xp.__name__ in _TORCH_NAMESPACES:
+    # By name (TORCH_NAMESPACES): array-api-compat's is_torch_namespace would make a
+    # torch.compile trace warn.
+    if xp.__name__ in TORCH_NAMESPACES:
         from . import _torch
 
         return _torch.BACKEND
