@@ -37,11 +37,11 @@ from ._memo import constant, memo
 from ._namespace import device_of
 from .backends import backend_for
 from .fold import (
-    all_finite,
     blockwise,
     clean_unless_finite,
     dense_chunk,
     dense_in_query_blocks,
+    is_finite,
     select_visible_keys,
 )
 from .problem import Problem
@@ -213,7 +213,7 @@ def attention(p: Problem) -> Any:
         return blockwise(p, block_size)
     if kernel is not None:
         out = _kernel(p, kernel, kernel_causal)
-        if not checked or bool(all_finite(out, xp)):
+        if not checked or is_finite(out, xp):
             return out
         # A non-finite key or value met the kernel's mask: relattn's own paths, chosen as
         # where there is no kernel.

@@ -54,6 +54,7 @@ __all__ = [
     "blockwise",
     "dense_in_query_blocks",
     "fold_keys",
+    "is_finite",
     "key_slice",
     "pair_scores",
     "query_rows",
@@ -227,7 +228,7 @@ def clean_unless_finite(
         with backend.quiet():
             result, probe = first()
             probes = probe if isinstance(probe, tuple) else (probe,)
-            if all(bool(all_finite(x, xp)) for x in probes):
+            if all(is_finite(x, xp) for x in probes):
                 return result
         return clean()
     cond = backend.cond
@@ -246,8 +247,22 @@ def clean_unless_finite(
 def all_finite(x: Any, xp: Any) -> Any:
     """Whether ``x`` holds no NaN or inf, as a 0-d boolean: its sum is finite (a reduction
     that writes nothing; an overflowing sum of finite values says False, which costs a
-    clean pass, never a wrong result)."""
-    return xp.isfinite(xp.sum(x, dtype=accumulator_dtype(x.dtype, xp)))
+    clean pass, never a wrong result). :func:`is_finite` where ``x`` has values."""
+    return xp.isfinite(_total(x, xp))
+
+
+def is_finite(x: Any, xp: Any) -> bool:
+    """:func:`all_finite` read now, as a Python bool, on an array with values: one reduction
+    and its read (``isfinite`` of a 0-d array is more operations than the sum itself on
+    libraries that run one at a time), outside any gradient."""
+    return math.isfinite(float(_total(backend_for(xp).stop_gradient(x), xp)))
+
+
+def _total(x: Any, xp: Any) -> Any:
+    """The sum of ``x``, accumulated in float32 at least (no ``dtype`` argument where that is
+    ``x``'s own: PyTorch's reduction is then a call shorter)."""
+    dtype = accumulator_dtype(x.dtype, xp)
+    return xp.sum(x) if dtype == x.dtype else xp.sum(x, dtype=dtype)
 
 
 def select_visible_keys(v: Any, visible: Any, xp: Any) -> Any:

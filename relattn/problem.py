@@ -308,12 +308,11 @@ def _signature(arrays: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, 
     """The type, dtype and shape of each array (``None`` for an absent one) and the
     options, as a hashable key; ``None`` where one is not hashable."""
     try:
-        key = tuple(None if a is None else (type(a), a.dtype, a.shape) for a in arrays)
+        key = (*[None if a is None else (type(a), a.dtype, a.shape) for a in arrays], *options)
         hash(key)
-        hash(options)
     except (AttributeError, TypeError):  # not an array (the checks will say), or unhashable
         return None
-    return (*key, *options)
+    return key
 
 
 def _layout(

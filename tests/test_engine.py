@@ -113,6 +113,33 @@ def test_empty_queries_with_a_causal_value_table(backend, dtype):
     backend.assert_close(out, np.zeros((2, 0, 5)), dtype)
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float16"])
+def test_finiteness_probe(backend, dtype_name):
+    """The probe that sends a kernel's or a block's result down the clean path:
+    ``all_finite`` (0-d, traceable) and ``is_finite`` (read now) agree; NaN and inf are
+    found anywhere; a half-precision sum that overflows its dtype is still finite (it
+    accumulates in float32); an input that requires a gradient is read without one."""
+    from relattn.fold import all_finite, is_finite
+
+    if not backend.has_dtype(dtype_name):
+        pytest.skip(f"{backend.name} has no {dtype_name}")
+    xp = backend.xp
+    big = np.full((4, 64), 60000.0)  # float16's sum overflows (max 65504); float32's does not
+    for data, want in ((np.ones((3, 5)), True), (big, True)):
+        x = backend.asarray(data, dtype_name)
+        assert is_finite(x, xp) is want
+        assert bool(all_finite(x, xp)) is want
+    for bad in (np.nan, np.inf, -np.inf):
+        data = np.ones((3, 5))
+        data[2, 4] = bad
+        x = backend.asarray(data, dtype_name)
+        assert is_finite(x, xp) is False, bad
+        assert bool(all_finite(x, xp)) is False, bad
+    if backend.library == "torch":
+        x = backend.asarray(np.ones((3, 5)), dtype_name).requires_grad_()
+        assert is_finite(x, xp) is True  # no warning (the suite's are errors)
+
+
 @pytest.mark.parametrize("given", ["abc", "0", "-1", "1.5"])
 def test_score_budget_variable_is_validated(monkeypatch, given):
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", given)
