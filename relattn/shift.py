@@ -30,12 +30,12 @@ def extend(x: Any, axis: int, before: int, after: int, xp: Any, fill: float = 0.
     """
     if not (before or after):
         return x
-    dtype, device, given = x.dtype, device_of(x), tuple(x.shape)  # torch.Size slices are slow
+    dtype, device, dims = x.dtype, device_of(x), tuple(x.shape)  # torch.Size slices are slow
     backend = backend_for(xp)
     eager = backend.has_values(x)
 
     def block(size: int) -> Any:
-        shape = (*given[:axis], size, *given[axis:][1:])
+        shape = (*dims[:axis], size, *dims[axis:][1:])
         made = memo(
             xp, eager, ("fill", shape, fill, dtype, device),
             lambda: xp.full(shape, fill, dtype=dtype, device=device),
