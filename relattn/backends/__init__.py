@@ -20,9 +20,9 @@ import array_api_compat
 import numpy as np
 
 from .._namespace import TORCH_NAMESPACES, namespace_of_module, per_module
-from ._base import Backend
+from ._base import Backend, Kernel
 
-__all__ = ["MODULES", "Backend", "backend_for", "namespace_of_module"]
+__all__ = ["MODULES", "Backend", "Kernel", "backend_for", "namespace_of_module"]
 
 #: Backend name -> the module a user passes as ``xp`` for it: the libraries
 #: relattn is tested on, by the names the demo, the tests and the benchmarks use.

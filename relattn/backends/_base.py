@@ -22,6 +22,41 @@ def _always(x: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class Kernel:
+    """A library kernel that a plan (:mod:`relattn.plan`) may lower a problem to.
+
+    Attributes
+    ----------
+    name : str
+        The path's name in plans and messages (``"sdpa"``, ``"flex"``,
+        ``"dot_product_attention"``).
+    refuse : callable
+        ``(problem) -> str or None``: ``None`` where the kernel computes the
+        checked :class:`relattn.problem.Problem` exactly (its terms, masks,
+        layouts, positions, dtypes and device), else one sentence saying why
+        not (``"a Transformer-XL position table is not a score_mod term"``).
+        Reads static facts only (shapes, dtypes, which fields are present,
+        the device), so that a plan keeps its answer for every call of the
+        same signature.
+    prepare : callable
+        ``(problem) -> run``: builds what every call of the plan shares (a
+        compiled function, a mask made of the shapes alone) once;
+        ``run(problem) -> out`` computes one call's output ``(*lead, Lq, d_v)``
+        in the problem's dtype, fully masked rows zero. ``problem.q`` (and
+        ``qp``, ``ks``) are already scaled: the kernel scales by 1.
+    compiles : bool
+        The first call of each shape compiles (seconds on a CPU): the plan
+        takes such a kernel only where it is worth its compile (see
+        :mod:`relattn.plan`).
+    """
+
+    name: str
+    refuse: Callable[[Any], str | None]
+    prepare: Callable[[Any], Callable[[Any], Any]]
+    compiles: bool = False
+
+
+@dataclass(frozen=True)
 class Backend:
     """What the array API standard lacks, for one array library: runtime facts only.
 
@@ -106,6 +141,10 @@ class Backend:
         before the bias is built, so that a bias is never computed twice.
         ``None`` (the field) where the library has no kernel worth using;
         relattn then runs the generic array-API path.
+    kernels : tuple of Kernel
+        The library's kernels a plan may lower a problem to, fastest first
+        (:class:`Kernel`); the plan asks each in turn and records why each
+        one it passes over refused.
     matmul_transposed : callable or None
         ``(a, b) -> a @ bᵀ`` over the last axis of both (leading dims
         broadcast), where the library computes it faster than ``a @
@@ -150,6 +189,7 @@ class Backend:
     collective: Any = None
     join: Callable[..., Any] = _identity
     fused_attention: Callable[..., Any] | None = None
+    kernels: tuple[Kernel, ...] = ()
     matmul_transposed: Callable[[Any, Any], Any] | None = None
     take_along_axis: Callable[..., Any] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
