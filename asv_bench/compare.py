@@ -19,17 +19,31 @@ but at the sizes the targets name, and printed as one markdown table:
 - Shaw host peak memory (``asv_bench/shaw_memory.py``, one process per case)
   at L = 2048: shaw / plain attention with a bias <= 1.25 and
   materialised (tensor2tensor) / shaw >= 10;
-- dispatch overhead at L = 8: relattn's call minus the native call, in µs
-  (reported, no target);
-- with a CUDA GPU: ``relative_attention`` on torch CUDA against
+- dispatch overhead at L = 8: relattn's call minus the native call, in µs, for
+  ``relative_attention`` (causal Transformer-XL) and plain
+  ``scaled_dot_product_attention`` (reported, no target);
+- ``plans``: each scheme's default plan (the path relattn chooses, named in the
+  row) against the same call forced onto the block fold, causal plain attention,
+  ALiBi, T5, packed documents, Transformer-XL, Shaw and DeBERTa, B = 1, H = 8,
+  d = 64, float32, L = 1024 and 4096 (``--quick``: 1024): <= 1.0;
+- ``gpu``, on each GPU target found (``torch_cuda``, ``jax_gpu``, ``cupy``),
+  B = 2, H = 16, d = 64, L = 1024, 4096, 16 384, bf16 and float32, time and peak
+  memory: causal against flash SDPA (<= 1.1), ALiBi, T5 and packed documents
+  against FlexAttention forward and forward+backward (<= 1.0), Transformer-XL
+  against the authors' ``rel_shift`` code (<= 1.0 in time, <= 0.1 in memory),
+  JAX against ``jax.nn.dot_product_attention`` (<= 1.5 cuDNN, <= 1.0 XLA), CuPy
+  against the same written in CuPy (<= 1.0), the targets checked for bf16 at
+  L >= 4096 (:func:`gpu`); and ``relative_attention`` on torch CUDA against
   ``scaled_dot_product_attention`` given the same scores' position term and
   causal mask as a precomputed bias, L = 4096: throughput >= 0.8 × SDPA's.
 
 Usage (from the repository root)::
 
-    python asv_bench/compare.py                   # everything available
+    python asv_bench/compare.py                   # everything available on the CPU
     python asv_bench/compare.py --quick           # fewer repeats
     python asv_bench/compare.py --backend numpy --backend torch
+    python asv_bench/compare.py --only plans --backend numpy --backend torch --backend jax
+    python asv_bench/compare.py --only gpu --gpu-length 4096 --gpu-dtype bfloat16
 """
 
 from __future__ import annotations
@@ -243,29 +257,93 @@ def shaw_memory(length: int) -> list[Row]:
     ]  # fmt: skip
 
 
+def per_call(ours: Callable[[], Any], theirs: Callable[[], Any], backend: Target,
+             loops: int, rounds: int) -> tuple[float, float]:  # fmt: skip
+    """Median seconds per call of ``ours`` and ``theirs``: ``rounds`` alternating rounds of
+    ``loops`` calls each."""
+    for fn in (ours, theirs):
+        backend.ready(fn())
+    a_runs, b_runs = [], []
+    for _ in range(rounds):
+        for fn, runs in ((ours, a_runs), (theirs, b_runs)):
+            start = time.perf_counter()
+            for _ in range(loops):
+                out = fn()
+            backend.ready(out)
+            runs.append((time.perf_counter() - start) / loops)
+    return statistics.median(a_runs), statistics.median(b_runs)
+
+
 def dispatch(names: list[str], quick: bool) -> list[Row]:
-    """Per-call cost at Lq = Lk = 8, where the arithmetic is negligible: microseconds."""
+    """Per-call cost at Lq = Lk = 8, where the arithmetic is negligible: microseconds.
+
+    ``relative_attention`` (causal Transformer-XL) against the native pad-and-reshape
+    code, and ``scaled_dot_product_attention`` (plain) against the same
+    ``softmax(q kᵀ·s) v`` in the library's own API: ``F.scaled_dot_product_attention``,
+    ``jax.nn.dot_product_attention`` (under ``jax.jit``, as relattn's), NumPy's
+    products and softmax (``native.numpy_attention``)."""
     rows = []
     loops, rounds = (200, 5) if quick else (1000, 9)
     for name in names:
         backend = common.get_backend(name)
-        ours, theirs, _ = relative_calls(backend, 8, 8, "causal")
-        for fn in (ours, theirs):
-            backend.ready(fn())
-        a_runs, b_runs = [], []
-        for _ in range(rounds):
-            for fn, runs in ((ours, a_runs), (theirs, b_runs)):
-                start = time.perf_counter()
-                for _ in range(loops):
-                    out = fn()
-                backend.ready(out)
-                runs.append((time.perf_counter() - start) / loops)
-        a, b = statistics.median(a_runs), statistics.median(b_runs)
         label = f"{name}-jit" if name == "jax" else name
+        ours, theirs, _ = relative_calls(backend, 8, 8, "causal")
+        a, b = per_call(ours, theirs, backend, loops, rounds)
         rows.append(
             Row("relative_attention dispatch, Lq=Lk=8: relattn − native (µs per call)", label,
                 f"{a * 1e6:.0f} µs", f"{b * 1e6:.0f} µs", (a - b) * 1e6, "report", None)
         )  # fmt: skip
+        arrays = common.on(backend, common.attention_inputs(8, key_len=8))
+        qkv = (arrays["q"], arrays["k"], arrays["v"])
+        ours = functools.partial(
+            common.relattn_function("scaled_dot_product_attention", backend), *qkv
+        )
+        theirs = functools.partial(native.native("scaled_dot_product_attention", backend), *qkv)
+        a, b = per_call(ours, theirs, backend, loops, rounds)
+        fused = FUSED.get(name, "NumPy softmax")
+        rows.append(
+            Row(f"scaled_dot_product_attention dispatch (plain), Lq=Lk=8: relattn − {fused} "
+                "(µs per call)", label, f"{a * 1e6:.0f} µs", f"{b * 1e6:.0f} µs",
+                (a - b) * 1e6, "report", None)
+        )  # fmt: skip
+    return rows
+
+
+#: Lengths of the ``plans`` group (``--quick``: the first only).
+PLAN_LENGTHS = (1024, 4096)
+
+
+def plans(names: list[str], repeats: int, quick: bool) -> list[Row]:
+    """Each scheme's default plan against the same call forced onto the block fold.
+
+    The schemes of ``common.PLAN_SCHEMES`` (causal plain attention, ALiBi, T5,
+    packed documents, causal Transformer-XL, Shaw, DeBERTa), B = 1, H = 8, d = 64,
+    float32, at :data:`PLAN_LENGTHS`: relattn's call as it comes
+    (``common.plan_and_fold``: warm, a plan that compiles after some calls of its
+    signature compiled) over the call under ``relattn.config.override(path="fold")``,
+    alternating. JAX: each side its own ``jax.jit`` function, the forced one traced
+    under the override. Each row names the path the plan took
+    (:func:`relattn.explain`); where that is the fold itself the two sides are one
+    path, and the ratio is reported only. L = 4096 runs half the repeats (at least 3).
+    """
+    rows = []
+    for name in names:
+        backend = common.get_backend(name)
+        label = f"{name}-jit" if name == "jax" else name
+        for length in PLAN_LENGTHS[:1] if quick else PLAN_LENGTHS:
+            n = repeats if length < 4096 else max(3, repeats // 2)
+            for scheme in common.PLAN_SCHEMES:
+                arrays = common.on(backend, common.plan_inputs(scheme, length))
+                plan, fold, chosen = common.plan_and_fold(scheme, backend, arrays)
+                print(f"plans: {label} {scheme}, L={length}: {chosen.path}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                ratio, a, b = side_by_side(plan, fold, backend, n)
+                same = chosen.path == "fold"
+                path = chosen.path + (f" {chosen.block_size}" if same else "")
+                what = f"plans: {scheme}, L={length}: relattn's plan ({path}) / forced fold"
+                rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.0",
+                                None if same else ratio <= 1.0))  # fmt: skip
+                del arrays, plan, fold
     return rows
 
 
@@ -384,6 +462,288 @@ def cuda_vs_sdpa(repeats: int, length: int = 4096, backend_name: str = "torch_cu
     ]  # fmt: skip
 
 
+# -- GPUs --------------------------------------------------------------
+
+#: The GPU targets of ``relattn.testing`` the ``gpu`` group runs on, where found.
+GPU_TARGETS = ("torch_cuda", "jax_gpu", "cupy")
+GPU_LENGTHS = (1024, 4096, 16384)
+GPU_DTYPES = ("bfloat16", "float32")
+#: SPEC §5's GPU sizes: B = 2, H = 16, d = 64.
+GPU_BATCH, GPU_HEADS = 2, 16
+#: Where SPEC §5's GPU targets apply (bf16 at these lengths); the other rows are reported.
+GPU_CHECKED = ("bfloat16", (4096, 16384))
+#: Largest difference allowed between relattn's result and the baseline's, by dtype
+#: (outputs and gradients of unit-scale data; TF32 and bf16 products).
+GPU_TOLERANCE = {"bfloat16": 6e-2, "float16": 1e-2, "float32": 1e-2}
+
+
+@dataclass
+class Pair:
+    """relattn's call and the baseline's, without arguments; their device bytes where the
+    library counts them (``None``: from the allocator around one call)."""
+
+    ours: Callable[[], Any]
+    theirs: Callable[[], Any]
+    ours_bytes: Callable[[], int] | None = None
+    theirs_bytes: Callable[[], int] | None = None
+
+
+def gpu_arrays(backend: Target, scheme: str, length: int, dtype: str) -> dict:
+    """``common.plan_inputs`` of ``scheme`` at the GPU sizes, floats in ``dtype``."""
+    host = common.plan_inputs(scheme, length, batch=GPU_BATCH, heads=GPU_HEADS)
+    return {n: backend.asarray(a, dtype if a.dtype.kind == "f" else None) for n, a in host.items()}
+
+
+def _torch_backward(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> Callable[[], Any]:
+    """A call of ``fn(q, k, v)`` and its backward pass: the gradients of ``q``, ``k``, ``v``."""
+    import torch
+
+    q, k, v = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    grad = torch.randn(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device,
+                       generator=torch.Generator(q.device).manual_seed(0))  # fmt: skip
+
+    def step() -> Any:
+        return torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+
+    return step
+
+
+def torch_gpu_cases(backend: Target, length: int, dtype: str):
+    """``(what, baseline, make, time target, memory target)`` of PyTorch: causal attention
+    against SDPA's own causal kernel (flash in bf16), the ``score_mod`` schemes against
+    FlexAttention written directly (``native.torch_flex_attention``), each forward and
+    forward+backward, and causal Transformer-XL against the authors' ``rel_shift`` code
+    (``native.torch_relative_attention``) in time and memory."""
+    import torch
+    import torch.nn.functional as F
+
+    sdpa = relattn.scaled_dot_product_attention
+
+    def causal() -> tuple:
+        a = gpu_arrays(backend, "causal", length, dtype)
+
+        def theirs(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        return a, functools.partial(sdpa, causal=True), theirs
+
+    def alibi() -> tuple:
+        a = gpu_arrays(backend, "alibi", length, dtype)
+        slopes = torch.asarray(np.asarray(relattn.alibi_slopes(GPU_HEADS), dtype=np.float32),
+                               device=a["q"].device)  # fmt: skip
+        flex = native.torch_flex_attention(a["q"], a["k"], a["v"], slopes=slopes, causal=True)
+        return a, functools.partial(sdpa, relative_bias=a["relative_bias"], causal=True), flex
+
+    def t5() -> tuple:
+        a = gpu_arrays(backend, "t5", length, dtype)
+        values = a["relative_bias"]
+        flex = native.torch_flex_attention(a["q"], a["k"], a["v"], values=values, scale=1.0)
+        return a, functools.partial(sdpa, relative_bias=values, scale=1.0), flex
+
+    def segments() -> tuple:
+        a = gpu_arrays(backend, "segments", length, dtype)
+        ids = a["segment_ids"]
+        flex = native.torch_flex_attention(a["q"], a["k"], a["v"], segments=ids[:, 0],
+                                           causal=True)  # fmt: skip
+        return a, functools.partial(sdpa, segment_ids=ids, causal=True), flex
+
+    def pair(make: Callable[[], tuple], backward: bool) -> Pair:
+        a, ours, theirs = make()
+        q, k, v = a["q"], a["k"], a["v"]
+        if backward:
+            return Pair(_torch_backward(ours, q, k, v), _torch_backward(theirs, q, k, v))
+        return Pair(functools.partial(ours, q, k, v), functools.partial(theirs, q, k, v))
+
+    flex = "FlexAttention (torch.compile, block mask made once)"
+    for scheme, baseline, make, target in (
+        ("causal", "SDPA is_causal (flash in bf16)", causal, 1.1),
+        ("ALiBi", flex, alibi, 1.0),
+        ("T5 bias", flex, t5, 1.0),
+        ("4 packed documents, causal", flex, segments, 1.0),
+    ):
+        for backward in (False, True):
+            what = f"{scheme} {'fwd+bwd' if backward else 'fwd'}"
+            yield what, baseline, functools.partial(pair, make, backward), target, None
+
+    def transformer_xl() -> Pair:
+        a = gpu_arrays(backend, "transformer-xl", length, dtype)
+        args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
+        u, w = a["content_bias"], a["position_bias"]
+        ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
+                                 position_bias=w, causal=True)  # fmt: skip
+        theirs = functools.partial(native.torch_relative_attention, *args, u, w)
+        return Pair(ours, theirs)
+
+    yield "Transformer-XL causal fwd", "the authors' rel_shift code", transformer_xl, 1.0, 0.1
+
+
+def _jax_program_bytes(jitted: Callable[..., Any], *args: Any) -> int:
+    """Temporary and output bytes of ``jitted``'s compiled program (XLA's static plan:
+    JAX keeps one peak per process, which cannot be reset between the two sides)."""
+    analysis = jitted.lower(*args).compile().memory_analysis()
+    if analysis is None:
+        raise LookupError("this JAX backend gives no memory analysis")
+    return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+
+
+def jax_gpu_cases(backend: Target, length: int, dtype: str):
+    """Causal attention under ``jax.jit``: relattn against ``jax.nn.dot_product_attention``
+    with ``implementation="cudnn"`` (16-bit floats only) and ``"xla"``."""
+    import jax
+
+    def pair(implementation: str) -> Pair:
+        a = gpu_arrays(backend, "causal", length, dtype)
+        qkv = (a["q"], a["k"], a["v"])
+        ours = jax.jit(functools.partial(relattn.scaled_dot_product_attention, causal=True))
+        theirs = jax.jit(functools.partial(native.jax_attention, causal=True,
+                                           implementation=implementation))  # fmt: skip
+        return Pair(
+            functools.partial(ours, *qkv), functools.partial(theirs, *qkv),
+            functools.partial(_jax_program_bytes, ours, *qkv),
+            functools.partial(_jax_program_bytes, theirs, *qkv),
+        )  # fmt: skip
+
+    for implementation, target in (("cudnn", 1.5), ("xla", 1.0)):
+        baseline = f"jax.nn.dot_product_attention ({implementation})"
+        yield "causal fwd", baseline, functools.partial(pair, implementation), target, None
+
+
+def cupy_gpu_cases(backend: Target, length: int, dtype: str):
+    """Causal Transformer-XL: relattn against the same written directly in CuPy (the
+    NumPy pad-and-reshape code on ``cupy``, ``native.numpy_relative_attention``)."""
+
+    def pair() -> Pair:
+        a = gpu_arrays(backend, "transformer-xl", length, dtype)
+        args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
+        u, w = a["content_bias"], a["position_bias"]
+        ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
+                                 position_bias=w, causal=True)  # fmt: skip
+        theirs = functools.partial(native.native("relative_attention", backend), *args, u, w)
+        return Pair(ours, theirs)
+
+    yield "Transformer-XL causal fwd", "the same written in CuPy", pair, 1.0, 0.1
+
+
+#: library -> its GPU cases (NumPy: CuPy's, for trying the rows on a CPU).
+GPU_CASES = {"torch": torch_gpu_cases, "jax": jax_gpu_cases, "cupy": cupy_gpu_cases,
+             "numpy": cupy_gpu_cases}  # fmt: skip
+
+
+def _release(backend: Target) -> None:
+    """Give the device's cached blocks back after a case (the next may need them)."""
+    import gc
+
+    gc.collect()
+    if backend.library == "torch" and backend.gpu:
+        import torch
+
+        torch.cuda.empty_cache()
+    elif backend.library == "cupy":
+        backend.lib.get_default_memory_pool().free_all_blocks()
+
+
+def _error(e: BaseException) -> str:
+    """The first line of an error, short, without the table's ``|``."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".replace("|", "/")[:140]
+
+
+def _as_host_tuple(out: Any, backend: Target) -> list[np.ndarray]:
+    outs = out if isinstance(out, tuple) else (out,)
+    return [np.asarray(backend.to_host(x), dtype=np.float32) for x in outs]
+
+
+def gpu_case(name: str, what: str, baseline: str, make: Callable[[], Pair], targets: tuple,
+             length: int, dtype: str, repeats: int) -> list[Row]:  # fmt: skip
+    """The rows of one case: time (relattn / baseline), and peak device memory where the
+    library counts it. A side that fails (out of memory, a kernel that does not take the
+    dtype) gives a row saying so instead of a ratio."""
+    backend = common.get_backend(name)
+    time_target, memory_target = targets
+    checked = dtype == GPU_CHECKED[0] and length in GPU_CHECKED[1]
+    title = f"gpu: {what}, L={length} {dtype}: relattn / {baseline}"
+    target = f"<= {time_target:g}"
+    try:
+        pair = make()
+        ours_out = _as_host_tuple(common.ready(backend, pair.ours()), backend)
+    except Exception as e:  # any library's error: the row reports it
+        _release(backend)
+        return [Row(title, name, f"failed: {_error(e)}", "–", math.nan, target, None)]
+    try:
+        theirs_out = _as_host_tuple(common.ready(backend, pair.theirs()), backend)
+    except Exception as e:
+        _release(backend)
+        alone = statistics.median(common.timed(pair.ours, backend) for _ in range(repeats))
+        return [Row(title, name, ms(alone), f"failed: {_error(e)}", math.nan, target, None)]
+    tolerance = GPU_TOLERANCE.get(dtype, 1e-2)
+    worst = max(float(np.max(np.abs(a - b), initial=0.0))
+                for a, b in zip(ours_out, theirs_out, strict=True))  # fmt: skip
+    del ours_out, theirs_out
+    if not worst <= tolerance:
+        _release(backend)
+        return [Row(title, name, f"differs: max |Δ| = {worst:.3g} > {tolerance:g}", "–",
+                    math.nan, target, False)]  # fmt: skip
+    memory = None
+    try:
+        if pair.ours_bytes is not None and pair.theirs_bytes is not None:
+            memory = (pair.ours_bytes(), pair.theirs_bytes())
+        else:
+            memory = (common.peak_device_bytes(backend, pair.ours),
+                      common.peak_device_bytes(backend, pair.theirs))  # fmt: skip
+    except (NotImplementedError, LookupError):
+        memory = None  # a CPU, or a library that counts no device memory
+    ratio, a, b = side_by_side(pair.ours, pair.theirs, backend, repeats)
+    ok = ratio <= time_target if checked else None
+    rows = [Row(title, name, ms(a), ms(b), ratio, target, ok)]
+    if memory is not None:
+        mine, theirs = memory
+        share = mine / theirs if theirs else math.nan
+        mib = 1 << 20
+        rows.append(
+            Row(f"gpu: {what}, L={length} {dtype}: peak memory relattn / {baseline}", name,
+                f"{mine / mib:.0f} MiB", f"{theirs / mib:.0f} MiB", share,
+                f"<= {memory_target:g}" if memory_target else "report",
+                share <= memory_target if memory_target and checked else None)
+        )  # fmt: skip
+    del pair
+    _release(backend)
+    return rows
+
+
+def gpu(names: list[str], repeats: int, lengths: tuple[int, ...] = GPU_LENGTHS,
+        dtypes: tuple[str, ...] = GPU_DTYPES) -> list[Row]:  # fmt: skip
+    """relattn against each library's own fastest code on a GPU (SPEC §5's GPU targets).
+
+    B = 2, H = 16, d = 64, self-attention of each length, each dtype: time (median
+    of ``repeats``, alternating) and peak device memory (PyTorch: the caching
+    allocator's peak, reset before; CuPy: its pool's growth; JAX: the compiled
+    programs' temporary and output bytes). PyTorch (``torch_cuda``): causal against
+    SDPA's ``is_causal`` (flash in bf16); ALiBi, a T5 bias and 4 packed documents
+    against FlexAttention written directly, forward and forward+backward; causal
+    Transformer-XL against the authors' ``rel_shift`` code. JAX (``jax_gpu``):
+    causal against ``jax.nn.dot_product_attention``, cuDNN and XLA. CuPy: causal
+    Transformer-XL against the same written in CuPy. The targets are checked for
+    bf16 at L = 4096 and 16 384; the other rows are reported. ``names`` may name
+    CPU targets too, to try the rows where there is no GPU.
+    """
+    rows = []
+    for name in names:
+        backend = common.get_backend(name)
+        for dtype in dtypes:
+            if not backend.has_dtype(dtype):
+                print(f"gpu: {name} has no {dtype}: its rows are skipped", file=sys.stderr)
+                continue
+            for length in lengths:
+                for what, baseline, make, *targets in GPU_CASES[backend.library](
+                    backend, length, dtype
+                ):
+                    print(f"gpu: {name} {what}, L={length} {dtype} / {baseline}",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    rows += gpu_case(name, what, baseline, make, tuple(targets), length, dtype,
+                                     repeats)  # fmt: skip
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     head = ["measurement", "backend", "relattn", "baseline", "value", "target", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -405,7 +765,7 @@ def environment() -> str:
 
 
 #: The groups of rows ``--only`` selects.
-GROUPS = ("speed", "memory", "dispatch", "decode", "gpu")
+GROUPS = ("speed", "memory", "dispatch", "decode", "plans", "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,8 +774,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend",
         action="append",
-        choices=(*CPU, "torch_cuda"),
-        help="restrict to these backends (repeatable); default: all available",
+        choices=(*CPU, *GPU_TARGETS),
+        help="restrict to these backends (repeatable); default: the CPU ones, and for "
+        "the gpu group every GPU target found",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the Shaw memory runs")
     parser.add_argument(
@@ -435,6 +796,18 @@ def main(argv: list[str] | None = None) -> int:
         choices=GROUPS,
         help="run only these groups of rows (repeatable); default: all",
     )
+    parser.add_argument(
+        "--gpu-length",
+        action="append",
+        type=int,
+        help=f"the gpu group's lengths (repeatable); default: {', '.join(map(str, GPU_LENGTHS))}",
+    )
+    parser.add_argument(
+        "--gpu-dtype",
+        action="append",
+        choices=("bfloat16", "float16", "float32"),
+        help=f"the gpu group's dtypes (repeatable); default: {', '.join(GPU_DTYPES)}",
+    )
     args = parser.parse_args(argv)
     if args.warm_malloc and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         # glibc serves large arrays with fresh mmap()s, zero-filled page by page on first
@@ -442,20 +815,25 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, **WARM_MALLOC}
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
     repeats = 3 if args.quick else 9
-    names = []
-    for name in args.backend or CPU:
-        if name == "torch_cuda":
-            continue
-        try:
-            common.get_backend(name)
-        except NotImplementedError as e:
-            print(f"skipping {name}: {e}", file=sys.stderr)
-        else:
-            names.append(name)
+
+    def available(candidates: tuple[str, ...] | list[str]) -> list[str]:
+        found = []
+        for name in candidates:
+            try:
+                common.get_backend(name)
+            except NotImplementedError as e:
+                print(f"skipping {name}: {e}", file=sys.stderr)
+            else:
+                found.append(name)
+        return found
+
+    groups = set(args.only or GROUPS)
+    names = available([n for n in args.backend or CPU if n in CPU])
+    wanted_gpus = [n for n in args.backend or GPU_TARGETS if n in GPU_TARGETS]
+    gpus = available(wanted_gpus) if groups & {"gpu", "plans"} and wanted_gpus else []
 
     malloc = "; glibc malloc kept warm" if "MALLOC_MMAP_THRESHOLD_" in os.environ else ""
     print(f"relattn {relattn.__version__}; {environment()}; repeats {repeats}{malloc}\n")
-    groups = set(args.only or GROUPS)
     rows = []
     if "speed" in groups:
         rows += against_native(names, repeats)
@@ -469,11 +847,17 @@ def main(argv: list[str] | None = None) -> int:
         rows += dispatch(names, args.quick)
     if "decode" in groups:
         rows += decode(names, repeats)
-    if "gpu" in groups and (args.backend is None or "torch_cuda" in args.backend):
-        try:
+    if "plans" in groups:
+        # The GPU targets only where named: the CPU ones are the default.
+        rows += plans(names + [n for n in gpus if args.backend], repeats, args.quick)
+    if "gpu" in groups:
+        if "torch_cuda" in gpus:
             rows += cuda_vs_sdpa(repeats)
-        except NotImplementedError as e:
-            print(f"torch_cuda vs SDPA skipped: {e}\n")
+        if gpus:
+            lengths = tuple(args.gpu_length or GPU_LENGTHS)
+            rows += gpu(gpus, repeats, lengths, tuple(args.gpu_dtype or GPU_DTYPES))
+        else:
+            print("gpu rows skipped: no GPU target found\n")
     print(table(rows))
     missed = [r for r in rows if r.ok is False]
     summary = f"{len(missed)} of {sum(r.ok is not None for r in rows)} targets missed"

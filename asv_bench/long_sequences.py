@@ -109,7 +109,9 @@ def measure_one(
 
         torch.set_num_threads(os.cpu_count() or 1)
     if path == "dense":
-        os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)  # dense whatever the size
+        import relattn
+
+        relattn.config.update("max_score_bytes", 1 << 62)  # dense whatever the size
     module = load_before(before) if path == "before" and before else None
     size = block_size if path == "blockwise" else None
     # One call only: the peak is the process's so far, so a warm-up call would hide
@@ -248,7 +250,7 @@ def backward_one(backend: str, path: str, length: int, block_size: Any) -> dict[
 
     size = None if path == "dense" else block_size
     if path == "dense":
-        os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)
+        relattn.config.update("max_score_bytes", 1 << 62)
     arrays = inputs(length)
     names = ("q", "k", "v", "table", "u", "w")
     cotangent = np.random.default_rng(1).standard_normal(arrays["q"].shape, dtype=np.float32)
@@ -337,7 +339,9 @@ def speed(
 ) -> list[dict[str, Any]]:
     rows = []
     arrays = inputs(length)
-    os.environ["RELATTN_MAX_SCORE_BYTES"] = str(1 << 62)  # dense means dense here
+    import relattn
+
+    relattn.config.update("max_score_bytes", 1 << 62)  # dense means dense here
     earlier = load_before(before) if before else None
     for backend in backends:
         calls = {

@@ -7,6 +7,7 @@ caller's dtype. See ``README.md`` for the conventions: relative distance
 ``True`` = may attend.
 """
 
+from ._config import config
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
 from .biases import (
     alibi_slopes,
@@ -31,6 +32,7 @@ from .masks import (
     padding_mask,
 )
 from .memory import stop_gradient, update_memory
+from .plan import explain
 from .positions import relative_distances, relative_positions, relative_table
 from .ring import ring_attention
 from .rotary import rotary_position_embedding
@@ -59,10 +61,12 @@ __all__ = [
     "complex_attention",
     "complex_linear",
     "complex_order_embedding",
+    "config",
     "cosine_scores",
     "diagonal_disabled_mask",
     "disentangled_attention",
     "dot_product_scores",
+    "explain",
     "finish_block_state",
     "forward_mask",
     "inverse_frequencies",

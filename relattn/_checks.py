@@ -73,7 +73,7 @@ def scale(value: Any, d: int, xp: ModuleType) -> Any:
                     f"scale must be a real number or a 0-d real floating array, got an array "
                     f"of shape {tuple(value.shape)} and dtype {value.dtype}"
                 )
-            if array_api_compat.array_namespace(value) is not xp:
+            if namespace(scale=value) is not xp:
                 raise TypeError(
                     f"scale must be an array of the inputs' library, got {library(value)}"
                 )

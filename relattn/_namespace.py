@@ -8,6 +8,7 @@ hash would break its graph), so that a small call pays them once.
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -39,8 +40,10 @@ def device_of(x: Any) -> Any:
     standard's there, else ``array_api_compat.device`` (JAX, whose tracers have none, and
     Dask). The attribute is read directly for a call's every array: ``array_api_compat``
     would first ask ``functools.lru_cache``-wrapped type tests, through which
-    ``torch.compile`` warns at every call it traces (and which a short call feels)."""
-    if library(x) in _DEVICE_ATTRIBUTE:
+    ``torch.compile`` warns at every call it traces (and which a short call feels).
+    A PyTorch tensor of any class (``nn.Parameter`` too) is known by ``isinstance``,
+    which Dynamo traces, where it may not split a class's module name."""
+    if _is_torch_tensor(x) or library(x) in _DEVICE_ATTRIBUTE:
         return x.device
     return array_api_compat.device(x)
 
@@ -48,13 +51,17 @@ def device_of(x: Any) -> Any:
 def is_array(a: Any) -> bool:
     """``a`` is an array of an array-API library (not a Python scalar).
 
-    Types seen before, and PyTorch's tensors, are known without array-api-compat's
-    ``is_array_api_obj``, whose ``functools.lru_cache``-wrapped type tests make
-    ``torch.compile`` warn where its trace calls them.
+    Python scalars, types seen before, and PyTorch's tensors of any class, are
+    known without array-api-compat's ``is_array_api_obj``, whose
+    ``functools.lru_cache``-wrapped type tests make ``torch.compile`` warn where
+    its trace calls them; each test here is one that Dynamo traces on every
+    torch relattn admits (an ``isinstance``, a dict look-up by type).
     """
-    if type(a) in _NAMESPACE_OF_TYPE or _is_plain_torch_tensor(a):
+    if isinstance(a, (int, float, complex)):
+        return False
+    if type(a) in _NAMESPACE_OF_TYPE or _is_torch_tensor(a):
         return True
-    return not isinstance(a, (int, float, complex)) and array_api_compat.is_array_api_obj(a)
+    return array_api_compat.is_array_api_obj(a)
 
 
 def require_array(name: str, a: Any) -> None:
@@ -97,17 +104,21 @@ def namespace(*, optional: dict[str, Any] | None = None, **arrays: Any) -> Modul
         if first is not None:
             return first
     xp = _resolve(arrays)
-    types = {type(a) for a in arrays.values()}
-    if len(types) == 1:
-        _NAMESPACE_OF_TYPE[types.pop()] = xp
+    # Kept where the arrays share one type: compared, not gathered in a set of types,
+    # which Dynamo would have to hash.
+    kinds = [type(a) for a in arrays.values()]
+    if all(kind is kinds[0] for kind in kinds):
+        _NAMESPACE_OF_TYPE[kinds[0]] = xp
     return xp
 
 
 def _resolve(arrays: dict[str, Any]) -> ModuleType:
     """:func:`namespace` of ``arrays``, not yet known by their types."""
-    if arrays and all(_is_plain_torch_tensor(a) for a in arrays.values()):
-        # By type, not through array-api-compat's functools.lru_cache-wrapped type tests,
-        # through which torch.compile warns when its trace makes a program's first call.
+    if arrays and all(_is_torch_tensor(a) for a in arrays.values()):
+        # By isinstance (nn.Parameter too), not through array_api_compat.array_namespace:
+        # its type tests are functools.lru_cache-wrapped (torch.compile warns when its
+        # trace makes a program's first call) and it gathers the namespaces in a set of
+        # modules, which Dynamo would have to hash.
         return _compat_torch()
     for name, a in arrays.items():
         require_array(name, a)
@@ -123,10 +134,11 @@ def _resolve(arrays: dict[str, Any]) -> ModuleType:
         raise TypeError(f"arrays from different libraries cannot be mixed: {found_names}") from None
 
 
-def _is_plain_torch_tensor(a: Any) -> bool:
-    """``a`` is a ``torch.Tensor`` (not a subclass), known without importing torch."""
-    kind = type(a)
-    return kind.__name__ == "Tensor" and kind.__module__ == "torch"
+def _is_torch_tensor(a: Any) -> bool:
+    """``a`` is a ``torch.Tensor`` of any class (``nn.Parameter``, ``DTensor`` …), known
+    without importing torch: no tensor exists before torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
 
 
 def _compat_numpy() -> ModuleType:

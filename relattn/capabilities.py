@@ -1,12 +1,12 @@
 """What each public function supports, declared once.
 
-Every name in ``relattn.__all__`` has one :class:`Capabilities` record in
-:data:`CAPABILITIES`: the array libraries it runs on (and why not, where it
-does not), whether it compiles whole (``jax.jit``, ``torch.compile``), whether
-gradients reach its inputs, whether it runs blockwise in ``O(L)`` memory or
-sequence-parallel across devices, and the kinds of dtypes it computes in. The
-libraries themselves are described by :data:`LIBRARIES` (their dtypes,
-devices, compiler and autograd).
+Every name in ``relattn.__all__`` but the settings (:data:`SETTINGS`) has one
+:class:`Capabilities` record in :data:`CAPABILITIES`: the array libraries it
+runs on (and why not, where it does not), whether it compiles whole
+(``jax.jit``, ``torch.compile``), whether gradients reach its inputs, whether
+it runs blockwise in ``O(L)`` memory or sequence-parallel across devices, and
+the kinds of dtypes it computes in. The libraries themselves are described by
+:data:`LIBRARIES` (their dtypes, devices, compiler and autograd).
 
 The same declarations write the documentation's support table and decide the
 test suite's skips (:func:`relattn.testing.skip_unless_capable`), so that each
@@ -37,6 +37,7 @@ __all__ = [
     "CAPABILITY_NAMES",
     "DTYPE_KINDS",
     "LIBRARIES",
+    "SETTINGS",
     "Capabilities",
     "Library",
     "dtypes",
@@ -166,6 +167,10 @@ def _cut(reason: str, dtypes: tuple[str, ...] = _REAL) -> Capabilities:
 def _no_floating(kind: str) -> Capabilities:
     return Capabilities(dtypes=(kind,), grad=None, why={"grad": _NO_FLOATING_INPUT})
 
+
+#: Public names that compute nothing of their own: relattn's settings and the plan of
+#: another function's call (tests/test_plan.py).
+SETTINGS = frozenset({"config", "explain"})
 
 #: Public name -> its capabilities.
 CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
-from ._checks import itemsize
+from ._config import config
 from ._memo import constant, memo
 from ._namespace import device_of
 from .backends import backend_for
@@ -44,6 +43,7 @@ from .fold import (
     is_finite,
     select_visible_keys,
 )
+from .plan import Explaining, Plan, Planned, choose, device_kind, plan_for
 from .problem import Problem
 from .shift import unshift
 from .terms import matmul_transposed, relative_term, visible_mask
@@ -147,82 +147,91 @@ def scores(q: Any, k: Any, bias: Any, scale: Any, xp: Any) -> Any:
 def attention(p: Problem) -> Any:
     """Relative attention with every term of the module docstring, on a checked problem.
 
-    Chooses the path: the blockwise fold when ``p.block_size`` asks for it or
-    the scores exceed the memory budget (:func:`automatic_block_size`), else the
-    backend's fused kernel where one takes the inputs, else the dense array-API
-    path (a block of queries at a time on libraries that run one operation at a
-    time). An eager call on a library with ``Backend.staged`` (JAX) first
-    compiles this choice and its computation whole, once per problem and shapes.
+    The path is the problem's :class:`~relattn.plan.Plan`, chosen once per call
+    signature (:func:`relattn.plan.plan_for`): the library's kernel, FlexAttention,
+    the dense array-API path or the block fold. An eager call on a library with
+    ``Backend.staged`` (JAX) first compiles the plan and its computation whole,
+    once per problem and shapes. Under :func:`relattn.explain` the plan is raised
+    (:class:`~relattn.plan.Planned`) instead of run.
     """
     xp = p.xp
-    q, k, v = p.q, p.k, p.v
-    if p.lq == 0 or p.lk == 0 or 0 in p.lead or v.shape[-1] == 0:
+    explaining = Explaining.active
+    if p.lq == 0 or p.lk == 0 or 0 in p.lead or p.v.shape[-1] == 0:
         # An empty result, or zero rows where no key is (SPEC §1).
-        shape = (*p.lead, p.lq, v.shape[-1])
-        return xp.zeros(shape, dtype=p.dtype, device=device_of(q))
+        if explaining:
+            raise Planned(_empty_plan(p))
+        shape = (*p.lead, p.lq, p.v.shape[-1])
+        return xp.zeros(shape, dtype=p.dtype, device=device_of(p.q))
     backend = backend_for(xp)
-    if backend.staged is not None:
+    staged = backend.staged
+    if staged is not None and not explaining:
         arrays = p.arrays()
         blank = _staged_problem(p, arrays, backend)
         if blank is not None:
-            return backend.staged(_attention_of, (blank,), arrays)
-    # ``p.q`` is already scaled: the kernel and the scores below scale by 1.
-    mods = p.score_mod is not None or p.mask_mod is not None  # they read the positions
-    if p.has_positions and not mods and _default_positions(p, backend):
-        # Positions that are today's (up to a shift per row): the shift path.
-        p = dataclasses.replace(p, query_positions=None, key_positions=None)
-    kernel = None
-    if p.value_table is None and not p.programmable:
-        kernel = fused_kernel(q, k, v, xp)
-    kernel_causal = p.causal and p.lq == p.lk and not p.has_terms and p.bias is None
-    # A kernel adds -inf for a mask (Backend.fused_attention): a NaN or inf in a masked key
-    # would reach every row. Its output is checked where values are at hand, and relattn's
-    # paths (which select the masked scores out) run where it is not finite or not checked.
-    # A causal mask hides a key from some query only for Lq > 1: one query (a decode step)
-    # sits at the last key position and sees every key.
-    causal_masks = p.causal and not kernel_causal and p.lq > 1
-    checked = kernel is not None and (p.mask is not None or causal_masks)
-    if checked and not backend.has_values(k):
-        kernel = None
-    blockable = backend.takes_blockwise(q)
-    block_size = p.block_size
-    if block_size is not None and not blockable:
-        raise TypeError(
-            f"block_size: the blockwise path does not run on {type(q).__name__} arrays;"
-            f" pass block_size=None, got {block_size}"
-        )
-    if p.programmable and not blockable:
-        raise TypeError(
-            "positions, segment_ids, score_mod and mask_mod are evaluated by the block fold,"
-            f" which does not run on {type(q).__name__} arrays; pass plain arrays"
-        )
-    if (
-        block_size is None
-        and blockable
-        and (p.has_terms or p.value_table is not None or kernel is None)
-    ):
-        # A fused kernel computes the scores in tiles of its own, faster than relattn's
-        # loop: without a relative term it keeps the call whatever the length.
-        block_size = automatic_block_size(p)
-    if p.programmable and block_size is None:
-        # One block: the fold is where positions, segments and the caller's functions are
-        # evaluated.
-        block_size = (max(p.lq, 1), max(p.lk, 1))
-    nonempty = q.shape[-1] > 0 or p.programmable
-    if block_size is not None and nonempty:
-        return blockwise(p, block_size)
-    if kernel is not None:
-        out = _kernel(p, kernel, kernel_causal)
-        if not checked or is_finite(out, xp):
-            return out
-        # A non-finite key or value met the kernel's mask: relattn's own paths, chosen as
-        # where there is no kernel.
-        block_size = automatic_block_size(p) if blockable else None
-        if block_size is not None:
-            return blockwise(p, block_size)
+            return staged(_attention_of, (blank,), arrays)
+    # Explained, a staged call is planned as its trace would be: without values.
+    eager = not (explaining and staged is not None) and backend.has_values(p.q)
+    if p.has_positions and eager and p.score_mod is None and p.mask_mod is None:
+        if _default_positions(p, backend):
+            # Positions that are today's (up to a shift per row): the shift path.
+            p = dataclasses.replace(p, query_positions=None, key_positions=None)
+    plan = plan_for(p, backend, eager, count=not explaining)
+    if explaining:
+        raise Planned(plan)
+    return _run(p, plan, backend)
+
+
+def _empty_plan(p: Problem) -> Plan:
+    backend = backend_for(p.xp)
+    kind = device_kind(device_of(p.q), backend)
+    return Plan("empty", None, kind, backend.name, 0, 0, detail="no query or no key: zeros")
+
+
+def _fused(p: Problem, plan: Plan, backend: Any) -> Any:
+    """The library's attention kernel; a checked one's output where it is finite."""
+    kernel = fused_kernel(p.q, p.k, p.v, p.xp)
+    if plan.causal_kernel:
+        return kernel(bias=None, mask=None, causal=True, scale=1.0)
+    out = _kernel(p, kernel)
+    if not plan.checked or is_finite(out, p.xp):
+        return out
+    # A non-finite key or value met the kernel's mask: relattn's own paths, chosen as
+    # where there is no kernel.
+    return _fallback(p, plan, backend)
+
+
+def _kernel_path(p: Problem, plan: Plan, backend: Any) -> Any:
+    """A kernel of :attr:`Backend.kernels` (FlexAttention); its output where finite
+    under a mask of data (a NaN in a masked slot meets the kernel's ``-inf``)."""
+    assert plan.run is not None
+    out = plan.run(p)
+    masked = p.mask is not None or p.query_segments is not None or p.mask_mod is not None
+    if not (masked and backend.has_values(out)) or is_finite(out, p.xp):
+        return out
+    return _fallback(p, plan, backend)
+
+
+def _fallback(p: Problem, plan: Plan, backend: Any) -> Any:
+    settings = dataclasses.replace(config.settings, path=None)
+    grad = backend.needs_grad(p.arrays())
+    other = choose(p, backend, device_of(p.q), True, grad, settings, excluded=(plan.path,))
+    return _run(p, other, backend)
+
+
+def _fold(p: Problem, plan: Plan, backend: Any) -> Any:
+    assert plan.block_size is not None
+    return blockwise(p, plan.block_size, plan.compile_step)
+
+
+def _dense_path(p: Problem, plan: Plan, backend: Any) -> Any:
+    """The whole scores in array-API calls (a block of queries at a time on libraries
+    that run one operation at a time); masked keys selected out where not finite."""
+    xp = p.xp
     mask = _causal(p)
-    if backend.query_chunks and blockable and nonempty and dense_chunk(p) < p.lq:
-        return dense_in_query_blocks(p)
+    nonempty = p.q.shape[-1] > 0
+    if backend.query_chunks and nonempty and dense_chunk(p) < p.lq:
+        if backend.takes_blockwise(p.q):
+            return dense_in_query_blocks(p)
     if p.mask is None:
         return _dense(p, mask, backend)
     keys = tuple(x for x in (p.k, p.ks) if x is not None)
@@ -243,6 +252,15 @@ def attention(p: Problem) -> Any:
         return _dense(clean, mask, backend)
 
     return clean_unless_finite(first, clean, (p.v, *keys), mask, xp)
+
+
+#: Path name -> ``run(problem, plan, backend)``; any other path is a kernel of
+#: ``Backend.kernels``, which runs its own prepared function (:func:`_kernel_path`).
+_PATHS = {"fused": _fused, "dense": _dense_path, "fold": _fold}
+
+
+def _run(p: Problem, plan: Plan, backend: Any) -> Any:
+    return _PATHS.get(plan.path, _kernel_path)(p, plan, backend)
 
 
 def _staged_problem(p: Problem, arrays: tuple[Any, ...], backend: Any) -> Problem | None:
@@ -266,11 +284,9 @@ def _attention_of(blank: Problem, *arrays: Any) -> Any:
     return attention(blank.with_arrays(arrays))
 
 
-def _kernel(p: Problem, kernel: Any, kernel_causal: bool) -> Any:
-    """The call on the backend's fused kernel."""
-    # Built where it is consumed: no local holds the (Lq, W) buffer of the term.
-    if kernel_causal and p.mask is None:
-        return kernel(bias=None, mask=None, causal=True, scale=1.0)
+def _kernel(p: Problem, kernel: Any) -> Any:
+    """The call on the backend's fused kernel with the terms as a bias, the masks as a
+    mask. Built where it is consumed: no local holds the (Lq, W) buffer of the term."""
     # A causal term filled with -inf beyond δ = 0 is the causal mask itself.
     fills = p.causal and (p.key_table is not None or p.relative_bias is not None)
     mask = p.mask if fills and p.lq <= p.lk else _causal(p)
@@ -343,52 +359,6 @@ def _position(p: Problem, fill: float = 0.0) -> Any:
     if p.bias is None:
         return position
     return p.bias if position is None else position + p.bias
-
-
-#: Default budget of one ``(..., Lq, Lk)`` score array: beyond it, blockwise. Measured
-#: on a 2-core CPU (causal Transformer-XL attention, H = 8, float32), the blockwise path
-#: is the faster from L = 1024 (32 MiB of scores) on NumPy, PyTorch and JAX, and the
-#: slower at L = 512 (8 MiB) on PyTorch and JAX: ``asv_bench/long_sequences.py speed``.
-MAX_SCORE_BYTES = 1 << 24
-#: Query and key block sizes of the automatic blockwise path. Query blocks half as long
-#: as key blocks: a block pair's position term has ``bq + bk - 1`` columns, so it costs
-#: ``(bq + bk - 1) / bk`` times the content term (about 1.5 here, 2 with square blocks).
-AUTOMATIC_BLOCK_SIZE = (256, 512)
-
-
-def score_budget() -> int:
-    """The bytes of one score array beyond which the automatic path goes blockwise.
-
-    ``RELATTN_MAX_SCORE_BYTES`` when set (a positive integer), else
-    :data:`MAX_SCORE_BYTES`.
-
-    Raises
-    ------
-    ValueError
-        If the variable is set to anything but a positive integer.
-    """
-    given = os.environ.get("RELATTN_MAX_SCORE_BYTES")
-    if given is None:
-        return MAX_SCORE_BYTES
-    try:
-        budget = int(given)
-    except ValueError:
-        budget = 0
-    if budget < 1:
-        raise ValueError(
-            f"RELATTN_MAX_SCORE_BYTES must be a positive integer (bytes), got {given!r}"
-        )
-    return budget
-
-
-def automatic_block_size(p: Problem) -> tuple[int, int] | None:
-    """``None`` (dense) while one score array fits :func:`score_budget`, else
-    :data:`AUTOMATIC_BLOCK_SIZE`. The dense path holds about three such arrays."""
-    count = math.prod(p.lead) * p.lq * p.lk
-    if p.has_positions and p.value_table is not None:
-        count *= p.v.shape[-1]  # the value table's row for each pair (terms.value_rows_at)
-    fits = count * itemsize(p.xp, p.q.dtype) <= score_budget()
-    return None if fits else AUTOMATIC_BLOCK_SIZE
 
 
 def value_term(weights: Any, value_table: Any, xp: Any) -> Any:

@@ -494,6 +494,7 @@ def fold_keys(
     cond: Callable[..., Any] | None = None,
     key_limit: Any = None,
     state: BlockState | None = None,
+    compile_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
 ) -> BlockState:
     """The fold: the query rows ``rows`` (from ``i0``) over ``steps`` key blocks.
 
@@ -502,7 +503,9 @@ def fold_keys(
     between steps). ``loop(n, body, carry)`` and ``cond(pred, f, g, x)`` are the
     backend's (``None``: Python's). Under a causal mask, a key block wholly
     after the query block is skipped. ``state``: the statistics of the keys
-    folded before (default: none).
+    folded before (default: none). ``compile_step(fn) -> fn``: the block step
+    (scores, terms, masks, online-softmax update) as one compiled function
+    (:attr:`relattn.plan.Plan.compile_step`); ``None``: run as it is.
     """
     xp, backend = p.xp, backend_for(p.xp)
     loop = loop or _python_loop
@@ -544,6 +547,8 @@ def fold_keys(
                 values = {"value_table": value_slice(p, block)}
             return block_step(state, s, kb.v, xp, visible=unseen, branch=data_masked, **values)
 
+        if compile_step is not None:
+            fold = compile_step(fold)
         if p.causal and not p.has_positions:
             state = cond(kb.j0 <= i0 + bq - 1 + offset, fold, _unchanged, state)
         elif sparse and visible is not None:
@@ -583,18 +588,23 @@ def query_rows(p: Problem, i0: int, i1: int) -> Problem:
     )
 
 
-def blockwise(p: Problem, block_size: tuple[int, int]) -> Any:
+def blockwise(
+    p: Problem,
+    block_size: tuple[int, int],
+    compile_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> Any:
     """The problem's attention, a query block and a key block at a time.
 
     The backend's traced loops run it where it has them (``Backend.fori_loop``:
     JAX, so that a jit compiles one block step); otherwise Python loops over
-    static blocks. Each query block is recomputed in the backward pass
+    static blocks, each block step compiled where ``compile_step`` is given
+    (:func:`fold_keys`). Each query block is recomputed in the backward pass
     (``Backend.checkpoint``) instead of keeping its key blocks' probabilities:
     memory ``O(Lq·d + block_size·Lk)`` for gradients too.
     """
     if backend_for(p.xp).fori_loop is not None:
         return _traced_blocks(p, block_size)
-    return _static_blocks(p, block_size, recompute=True)
+    return _static_blocks(p, block_size, recompute=True, compile_step=compile_step)
 
 
 #: Scores computed at once by the dense path of a library that runs one operation at a
@@ -619,7 +629,13 @@ def dense_chunk(p: Problem) -> int:
     return max(1, min(p.lq, DENSE_CHUNK_ELEMENTS // max(per_query, 1)))
 
 
-def _static_blocks(p: Problem, block_size: tuple[int, int], *, recompute: bool) -> Any:
+def _static_blocks(
+    p: Problem,
+    block_size: tuple[int, int],
+    *,
+    recompute: bool,
+    compile_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> Any:
     """The eager driver: Python loops over static query and key blocks (the last ones
     shorter); under a causal mask each query block reads the keys it can see only."""
     xp, backend = p.xp, backend_for(p.xp)
@@ -643,7 +659,8 @@ def _static_blocks(p: Problem, block_size: tuple[int, int], *, recompute: bool) 
                 return key_slice(rows, rows, j0, j0, size, static_slice), source
 
             steps = -(-last // key_block)
-            state = fold_keys(rows, rows, i0, steps, key_block_at, None)
+            state = fold_keys(rows, rows, i0, steps, key_block_at, None,
+                              compile_step=compile_step)  # fmt: skip
             return block_finish(state, p.dtype, xp)
 
         if recompute:

@@ -35,6 +35,8 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -347,6 +349,15 @@ class _Library:
     def compile(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
         raise TypeError(f"{self.name} has no compiler")
 
+    def imprecise(self, kind: str) -> str | None:
+        """The setting under which float32 products on ``kind`` run below float32 precision
+        (TF32), or ``None``."""
+        return None
+
+    def full_precision(self, kind: str) -> contextlib.AbstractContextManager[Any]:
+        """A context in which float32 products on ``kind`` run in float32 precision."""
+        return contextlib.nullcontext()
+
     def peak_device_bytes(self, fn: Callable[[], Any], device: Any) -> int:
         raise LookupError(f"{self.name} keeps no device memory statistics")
 
@@ -419,6 +430,41 @@ class _Torch(_Library):
         torch._dynamo.reset()  # a fresh cache: tests reuse code objects
         return torch.compile(fn, fullgraph=True, **options)
 
+    def imprecise(self, kind: str) -> str | None:
+        """TF32 matrix products, where the caller's torch settings allow them on CUDA.
+
+        torch's default is full float32 (``get_float32_matmul_precision() ==
+        "highest"``); relattn reads the setting and never changes it. cuDNN's own
+        TF32 switch (on by default) governs convolutions, which relattn has none of,
+        and cuDNN's fused attention takes half precision only.
+        """
+        if kind != "gpu":
+            return None
+        import torch
+
+        # torch >= 2.9 keeps it here ("ieee", "tf32", or "none": not set this way); reading
+        # get_float32_matmul_precision() after a setting made here is an error there.
+        setting = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+        if setting != "none":
+            where = f"torch.backends.cuda.matmul.fp32_precision is {setting!r}"
+            return where if setting == "tf32" else None
+        precision = torch.get_float32_matmul_precision()
+        if precision == "highest":
+            return None
+        return f"torch.get_float32_matmul_precision() is {precision!r}"
+
+    def full_precision(self, kind: str) -> contextlib.AbstractContextManager[Any]:
+        """No change, where torch computes float32 in full precision; ``RuntimeError`` where
+        the caller enabled TF32 (relattn does not turn a global switch back)."""
+        setting = self.imprecise(kind)
+        if setting is not None:
+            raise RuntimeError(
+                f"torch computes float32 matrix products in TF32 on CUDA ({setting}), about "
+                "1e-3 relative: an exactness check needs full float32; run it with "
+                'torch.set_float32_matmul_precision("highest")'
+            )
+        return contextlib.nullcontext()
+
     def peak_device_bytes(self, fn: Callable[[], Any], device: Any) -> int:
         """The CUDA caching allocator's peak while ``fn()`` runs, reset just before."""
         import torch
@@ -465,6 +511,15 @@ class _Jax(_Library):
         import jax
 
         return jax.jit(fn, **options)
+
+    def full_precision(self, kind: str) -> contextlib.AbstractContextManager[Any]:
+        """``jax.default_matmul_precision`` at its highest on an accelerator (JAX's default
+        there is TF32 on NVIDIA GPUs, bfloat16 passes on TPUs), for the block only."""
+        if kind == "cpu":
+            return contextlib.nullcontext()
+        import jax
+
+        return jax.default_matmul_precision("highest")
 
     def peak_device_bytes(self, fn: Callable[[], Any], device: Any) -> int:
         """XLA's ``peak_bytes_in_use`` after ``fn()``, over ``bytes_in_use`` before.
@@ -740,21 +795,61 @@ class Target:
         """``fn`` as the library runs it by default: ``jax.jit`` on JAX, ``fn`` elsewhere.
 
         JAX's op-by-op mode is slow, and its users jit; PyTorch's run eagerly.
+        On a JAX GPU, each call traces and runs in :meth:`full_precision`.
         """
-        return self._lib.default_jit(fn)
+        return self._in_full_precision(self._lib.default_jit(fn))
 
     def compile(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
         """``fn`` compiled whole by the library's compiler, with ``options``.
 
-        ``jax.jit`` on JAX; ``torch.compile(fullgraph=True)`` on PyTorch (a
-        graph break is an error), Dynamo's cache reset first.
+        ``jax.jit`` on JAX, each call traced and run in :meth:`full_precision`
+        on a GPU; ``torch.compile(fullgraph=True)`` on PyTorch (a graph break is
+        an error), Dynamo's cache reset first.
 
         Raises
         ------
         TypeError
             Where the library has no compiler.
         """
-        return self._lib.compile(fn, **options)
+        return self._in_full_precision(self._lib.compile(fn, **options))
+
+    def _in_full_precision(self, compiled: Any) -> Any:
+        """``compiled`` (a ``jax.jit`` function), called and lowered in :meth:`full_precision`
+        where that is not a no-op (a JAX GPU); as it is elsewhere."""
+        if not (self.is_jax and self.gpu):
+            return compiled
+
+        def precise(method: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(method)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with self.full_precision():
+                    return method(*args, **kwargs)
+
+            return run
+
+        run = precise(compiled)
+        run.lower = precise(compiled.lower)  # type: ignore[attr-defined]
+        return run
+
+    def full_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which this target multiplies float32 matrices in full float32 precision.
+
+        The exactness tolerances (:data:`TOLERANCES`) hold in it. On a JAX
+        accelerator, ``jax.default_matmul_precision("highest")`` for the block
+        (JAX's default on NVIDIA GPUs is TF32, about 1e-3 relative). On PyTorch
+        CUDA, no change, torch's default being full float32; where the caller
+        has enabled TF32 it raises ``RuntimeError``, as relattn changes no
+        global setting. Elsewhere, a no-op. relattn's own functions always
+        follow the caller's settings.
+
+        Examples
+        --------
+        >>> from relattn.testing import target
+        >>> jax_cpu = target("jax")
+        >>> with jax_cpu.full_precision():  # a no-op on the CPU
+        ...     pass
+        """
+        return self._lib.full_precision(self.kind)
 
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` traced whole, quickly, to test that it compiles (see :meth:`compile`).
@@ -785,9 +880,19 @@ class Target:
         ``actual`` must be an array of this library, on this target's device,
         in the dtype called ``result_dtype`` (``dtype`` unless given: a complex
         result of real inputs, say), and agree with ``expected`` at the
-        tolerances of ``dtype`` (:func:`assert_close`).
+        tolerances of ``dtype`` (:func:`assert_close`). A float32 check fails
+        up front where the library computes float32 products in TF32 (PyTorch
+        CUDA with TF32 enabled): it could not tell a TF32-class error from a bug.
         """
         __tracebackhide__ = True
+        name = _dtype_name(dtype)
+        if _PARTS.get(name, name) == "float32":
+            setting = self._lib.imprecise(self.kind)
+            if setting is not None:
+                raise AssertionError(
+                    f"{self.name} computes float32 products in TF32 ({setting}): "
+                    "float32 is checked in full precision only"
+                )
         if not self.is_array(actual):
             raise AssertionError(f"{self.name} returned a {type(actual).__name__}")
         want = self.dtype(dtype if result_dtype is None else result_dtype)

@@ -779,12 +779,12 @@ def _shard_map_batch(arrays: dict[str, np.ndarray], expected: dict[str, Any]) ->
     specs = tuple(P("batch") if n in ("q", "k", "v", "mask") else P() for n in names)
     calls = {key: (call, key, None) for key, call in _calls().items()}
     # block_size=None goes blockwise by itself beyond relattn's memory budget: a small
-    # budget (RELATTN_MAX_SCORE_BYTES) stands in for a long sequence.
+    # budget (relattn.config.max_score_bytes) stands in for a long sequence.
     automatic = "relative_attention_causal[block_size=None, over the memory budget]"
     calls[automatic] = (
         _calls((None,))["relative_attention_causal"],
         "relative_attention_causal",
-        "1024",
+        1024,
     )
     results: dict[str, Any] = {}
     for key, (call, reference, budget) in calls.items():
@@ -793,21 +793,15 @@ def _shard_map_batch(arrays: dict[str, np.ndarray], expected: dict[str, Any]) ->
             return call(dict(zip(names, xs, strict=True)))
 
         fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("batch")))
-        saved = os.environ.pop("RELATTN_MAX_SCORE_BYTES", None)
-        if budget is not None:
-            os.environ["RELATTN_MAX_SCORE_BYTES"] = budget
         try:
-            compiled = fn.lower(*args).compile()
+            with relattn.config.override(max_score_bytes=budget):
+                compiled = fn.lower(*args).compile()
             results[key] = {
                 "diff": max_diff(compiled(*args), expected[reference]),
                 "collectives": collectives(compiled.as_text()),
             }
         except Exception as exc:
             results[key] = {"error": f"{error_of(exc)}\n{traceback.format_exc()}"}
-        finally:
-            os.environ.pop("RELATTN_MAX_SCORE_BYTES", None)
-            if saved is not None:
-                os.environ["RELATTN_MAX_SCORE_BYTES"] = saved
     return results
 
 

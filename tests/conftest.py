@@ -111,7 +111,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-settings.load_profile("default")
+# CI (``CI`` set, as ``.ci/run``'s environment has it): the same examples on every run, so
+# that a failure reproduces, and the blob that replays a failing example printed. This
+# replaces Hypothesis's own "ci" profile, which it loads where ``CI`` is set (and which the
+# "default" profile loaded here would otherwise override). Derandomized, Hypothesis keeps
+# no example database.
+settings.register_profile("ci", settings.get_profile("default"), derandomize=True, print_blob=True)
+settings.load_profile("ci" if "CI" in os.environ else "default")
 
 FLOAT_DTYPES = ("float32", "float64")
 

@@ -184,14 +184,28 @@ def test_masked_softmax_low_precision_fully_masked(backend, rng, low):
     mask = _random_mask(rng, scores.shape)
     mask[1] = False
     mask[0] = True
-    s = backend.asarray(scores, "float32")
-    s = backend.xp.astype(s, xdt)
+    s = backend.asarray(scores, low)
+    assert s.dtype == xdt
     out = relattn.masked_softmax(s, backend.asarray(mask))
     assert out.dtype == xdt
     got = np.asarray(backend.to_host(out), dtype=np.float64)
     assert np.isfinite(got).all()
     assert (got[1] == 0).all()
-    backend.assert_close(out, reference.masked_softmax(scores, mask), low)
+    # The reference of the scores as the backend holds them, rounded to ``low``.
+    exact = backend.to_host(s).astype(np.float64)
+    expected = reference.masked_softmax(exact, mask)
+    backend.assert_close(out, expected, low)
+    # Tighter, relative per weight: computed in ``low`` (u = 2^-11 or 2^-8), ``s - peak``
+    # is rounded (an error of u|s - peak|, which exp turns into a relative one), exp, the
+    # sum of n terms and the quotient add u, (n - 1)u and u: |Δw| <= (|s - peak| + n + 2)u·w
+    # to first order, one u more for an exp within 2 ulps. A weight below the smallest
+    # normal number has an absolute spacing instead: ``tiny`` of ``low``.
+    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[low]
+    tiny = {"float16": 2.0**-14, "bfloat16": 2.0**-126}[low]
+    rows = [row[keep] for row, keep in zip(exact, mask, strict=True) if keep.any()]
+    spread = max(row.max() - row.min() for row in rows)
+    rtol = (spread + scores.shape[-1] + 3) * u
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=tiny)
 
 
 # ===============================================================================================

@@ -190,13 +190,17 @@ def test_relative_bias_matches_pair_definition(backend, dtype, rng, lq, lk, layo
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_relative_bias_low_precision(backend, rng, dtype):
-    values = rng.normal(size=(3, 5))  # causal layout of (Lq, Lk) = (4, 5)
-    out = relattn.relative_bias_matrix(backend.asarray(values, dtype), 4, 5)
+    values = backend.asarray(rng.normal(size=(3, 5)), dtype)  # causal layout of (4, 5)
+    out = relattn.relative_bias_matrix(values, 4, 5)
     xp = backend.xp
     fill = float(xp.finfo(backend.dtype(dtype)).min) / 2
-    expected = _expand_loop(values, 4, 5, "float32")
-    expected[expected < -1e30] = fill
+    # The values as the backend holds them, rounded to ``dtype``: the expansion copies them,
+    # and half of the most negative value is a power-of-2 scaling, exact; so all of it is.
+    expected = _expand_loop(backend.to_host(values).astype(np.float64), 4, 5, "float64")
+    expected[expected < -1e300] = fill
     backend.assert_close(out, expected, dtype)
+    np.testing.assert_array_equal(backend.to_host(out).astype(np.float64), expected)
+    assert (expected == fill).sum() == 3 * 6  # the pairs with δ > 0, for each of 3 rows
 
 
 @settings(max_examples=50)

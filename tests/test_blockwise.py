@@ -563,7 +563,7 @@ def test_half_precision(backend, low, name):
 
 
 # ===============================================================================================
-# The automatic choice: dense within RELATTN_MAX_SCORE_BYTES, blockwise beyond
+# The automatic choice: dense within relattn.config.max_score_bytes, blockwise beyond
 # ===============================================================================================
 
 
@@ -587,15 +587,14 @@ def _spy_blockwise(monkeypatch):
 @pytest.mark.parametrize("name", ["sdpa-t5", "txl-memory"])
 def test_automatic_choice_goes_blockwise(backend, name, monkeypatch):
     """``block_size=None``: dense on small inputs; with a budget of 1 byte the same call takes
-    the blockwise path (blocks ``AUTOMATIC_BLOCK_SIZE``, (2, 3) here) and gives the same result."""
+    the blockwise path (the device's ``BLOCK_SIZES``, (2, 3) here) and gives the same result."""
     case, data = CASES[name], _data(name)
     calls = _spy_blockwise(monkeypatch)
-    monkeypatch.delenv("RELATTN_MAX_SCORE_BYTES", raising=False)
     (dense,) = _call(backend, case, data, "float64", (None,))
     assert calls == []
-    monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", "1")
-    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", (2, 3))
-    (automatic,) = _call(backend, case, data, "float64", (None,))
+    monkeypatch.setitem(relattn.plan.BLOCK_SIZES, "cpu", (2, 3))
+    with relattn.config.override(max_score_bytes=1):
+        (automatic,) = _call(backend, case, data, "float64", (None,))
     assert calls == [(2, 3)]
     backend.assert_close(automatic, _host(backend, dense), "float64")
     backend.assert_close(automatic, data.expected, "float64")
@@ -604,50 +603,60 @@ def test_automatic_choice_goes_blockwise(backend, name, monkeypatch):
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 def test_automatic_choice_threshold(dtype_name, monkeypatch):
-    """The budget is the bytes of one ``(..., Lq, Lk)`` score array, leading dims broadcast
-    (here ``q (B, H, ·)`` against ``k, v (B, 1, ·)``): at it, dense; one byte below, blockwise."""
+    """The budget bounds the dense path's peak, three ``(..., Lq, Lk)`` score arrays for
+    plain attention, leading dims broadcast (here ``q (B, H, ·)`` against ``k, v (B, 1,
+    ·)``): at it, dense; one byte below, blockwise."""
     import array_api_strict as xp
 
     name = "sdpa-bias-mask"  # k and v shared across heads
     case, data = CASES[name], _data(name)
     q, k, v = (xp.asarray(a, dtype=getattr(xp, dtype_name)) for a in data.positional)
-    score_bytes = BATCH * HEADS * case.lq * case.lk * np.dtype(dtype_name).itemsize
+    peak = 3 * BATCH * HEADS * case.lq * case.lk * np.dtype(dtype_name).itemsize
     calls = _spy_blockwise(monkeypatch)
-    monkeypatch.setattr(relattn.core, "AUTOMATIC_BLOCK_SIZE", (2, 2))
-    monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", str(score_bytes))
-    dense = relattn.scaled_dot_product_attention(q, k, v)
+    monkeypatch.setitem(relattn.plan.BLOCK_SIZES, "cpu", (2, 2))
+    with relattn.config.override(max_score_bytes=peak):
+        dense = relattn.scaled_dot_product_attention(q, k, v)
+        assert relattn.explain(relattn.scaled_dot_product_attention, q, k, v).peak_bytes == peak
     assert calls == []
-    monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", str(score_bytes - 1))
-    blocked = relattn.scaled_dot_product_attention(q, k, v)
+    with relattn.config.override(max_score_bytes=peak - 1):
+        blocked = relattn.scaled_dot_product_attention(q, k, v)
     assert calls == [(2, 2)]
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), **tolerance(dtype_name))
 
 
 def test_automatic_choice_keeps_a_fused_kernel_without_relative_terms(torch_backend, monkeypatch):
-    """A call that PyTorch's fused kernel takes with no relative term (it tiles the scores
-    itself) stays dense at any budget, causal or not (finite keys); a ``relative_bias``, or
-    a NaN key under a mask (which the kernel would add ``-inf`` to), goes blockwise."""
+    """A call that PyTorch's fused kernel takes with nothing of ``(Lq, Lk)`` to pass (it
+    tiles the scores itself) stays fused at any budget, causal or not (finite keys); a
+    ``relative_bias`` over the budget goes blockwise, and a NaN key under a mask (which
+    the kernel would add ``-inf`` to) takes relattn's own path."""
     name = "sdpa-plain"
     data = _data(name)
     q, k, v = (torch_backend.asarray(a, "float64") for a in data.positional)
     calls = _spy_blockwise(monkeypatch)
-    monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", "1")
-    plain = relattn.scaled_dot_product_attention(q, k, v)
-    assert calls == []
-    torch_backend.assert_close(plain, data.expected, "float64")
-    relattn.scaled_dot_product_attention(q, k, v, causal=True)
-    assert calls == []
-    relattn.scaled_dot_product_attention(k, k, v, causal=True)  # SDPA's is_causal
-    assert calls == []
-    nan_key = torch_backend.xp.where(
-        torch_backend.xp.arange(k.shape[-2])[:, None] == 0, float("nan"), k
-    )
-    relattn.scaled_dot_product_attention(q, nan_key, v, causal=True)
-    assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]
+    sdpa = relattn.scaled_dot_product_attention
+    with relattn.config.override(max_score_bytes=1):
+        plain = sdpa(q, k, v)
+        assert calls == []
+        torch_backend.assert_close(plain, data.expected, "float64")
+        for args in ((q, k, v), (k, k, v), (q[..., :1, :], k, v)):  # lower right, is_causal
+            assert relattn.explain(sdpa, *args, causal=True).path == "fused"
+            sdpa(*args, causal=True)
+        assert calls == []
+        nan_key = torch_backend.xp.where(
+            torch_backend.xp.arange(k.shape[-2])[:, None] == 0, float("nan"), k
+        )
+        sdpa(k, nan_key, v, causal=True)  # is_causal: the kernel's own mask, no NaN met
+        assert calls == []
+        values = torch_backend.asarray(np.zeros((q.shape[-2] + k.shape[-2] - 1,)), "float64")
+        sdpa(q, k, v, relative_bias=values)
+        assert calls == [relattn.plan.BLOCK_SIZES["cpu"]]
     calls.clear()
-    values = torch_backend.asarray(np.zeros((q.shape[-2] + k.shape[-2] - 1,)), "float64")
-    relattn.scaled_dot_product_attention(q, k, v, relative_bias=values)
-    assert calls == [relattn.core.AUTOMATIC_BLOCK_SIZE]
+    mask = torch_backend.xp.ones((q.shape[-2], k.shape[-2]), dtype=torch_backend.xp.bool)
+    mask[:, 0] = False
+    assert relattn.explain(sdpa, q, nan_key, v, mask=mask).checked
+    out = sdpa(q, nan_key, v, mask=mask)  # the kernel's NaN output: relattn's dense path
+    assert not torch_backend.xp.isnan(out).any()
+    torch_backend.assert_close(out, torch_backend.to_host(sdpa(q, k, v, mask=mask)), "float64")
 
 
 # ===============================================================================================

@@ -593,8 +593,41 @@ def test_gradcheck_cosine(torch_backend, rng):
     torch = torch_backend.lib
     leaves = _leaves(torch_backend, _normal(rng, 2, LQ, D), _normal(rng, LK, D))
     assert torch.autograd.gradcheck(cosine_scores, leaves)
-    big = _leaves(torch_backend, _normal(rng, LQ, D) * 1e100, _normal(rng, LK, D) * 1e-100)
-    assert torch.autograd.gradcheck(cosine_scores, big, eps=1e-106, atol=1e-5)
+
+
+#: |q| about 1e100 and |k| about 1e-100, as powers of 2: multiplying by them is exact.
+BIG, TINY = 2.0**332, 2.0**-332
+
+
+def check_cosine_gradients_at_extreme_magnitudes(torch_backend, rng, fn=cosine_scores):
+    """The gradients of ``fn`` (the cosine) at |q| ≈ 1e100, |k| ≈ 1e-100, each checked with
+    a step relative to its input, and against the gradients at unit scale.
+
+    An absolute step cannot check the q-gradient there: ``q + eps == q`` for any eps below
+    q's spacing (about 1e84), so the finite difference is 0, and so within atol of the true
+    gradient (about 1e-100). Instead:
+
+    - gradcheck varies unit-scale ``x, y`` of ``q = x·BIG``, ``k = y·TINY``: its step of
+      1e-6 is a relative step of q and of k, and the chain rule's factors are exact;
+    - the cosine is invariant under ``q -> c q``, ``k -> c' k``, so its gradients there are
+      those at unit scale divided by ``c`` and ``c'`` (taken at leaves, no product between).
+    """
+    torch = torch_backend.lib
+    x, y = _leaves(torch_backend, _normal(rng, LQ, D), _normal(rng, LK, D))
+    assert torch.autograd.gradcheck(lambda x, y: fn(x * BIG, y * TINY), (x, y))
+    weights = torch_backend.asarray(rng.normal(size=(LQ, LK)), "float64")
+    q, k = _leaves(torch_backend, torch_backend.to_host(x) * BIG, torch_backend.to_host(y) * TINY)
+    unit_q, unit_k = torch.autograd.grad((fn(x, y) * weights).sum(), (x, y))
+    big_q, tiny_k = torch.autograd.grad((fn(q, k) * weights).sum(), (q, k))
+    assert 1e-102 < float(big_q.abs().max()) < 1e-98  # the scale of the q-gradient
+    for got, unit in ((big_q * BIG, unit_q), (tiny_k * TINY, unit_k)):
+        np.testing.assert_allclose(
+            torch_backend.to_host(got), torch_backend.to_host(unit), rtol=1e-10, atol=1e-12
+        )
+
+
+def test_gradcheck_cosine_extreme_magnitudes(torch_backend, rng):
+    check_cosine_gradients_at_extreme_magnitudes(torch_backend, rng)
 
 
 def test_gradcheck_local_p_weights(torch_backend, rng):

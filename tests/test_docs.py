@@ -17,15 +17,22 @@ these checks read the sources only:
 - ``names.md`` is in the toctree and lists every attention function;
 - no page cites internal notes a reader cannot open.
 
-One check reads the built site, ``docs/_build/html``, and is skipped when there is
-none (build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``):
+One check reads the built site (build it with ``python -m sphinx -W --keep-going -b
+html docs docs/_build/html``):
 
 - no link of the built pages holds a literal ``$``.
+
+It reads the site that ``RELATTN_DOCS_BUILT`` names (a path, relative to the repository
+root or absolute) and fails where that site is missing: ``.ci/run`` sets it for a second
+run of this file after its Sphinx build, so that CI checks the site it built. Without the
+variable it reads ``docs/_build/html`` where one is built, and skips otherwise (the test
+run before any build, CI's included).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -39,6 +46,8 @@ import relattn
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 API = DOCS / "api" / "index.rst"
 BUILT_HTML = DOCS / "_build" / "html"
+#: The environment variable naming a built site that must be there (see the docstring).
+BUILT_SITE_VARIABLE = "RELATTN_DOCS_BUILT"
 
 #: One line of a plain-text inventory (Sphinx's own pattern, ``sphinx.util.inventory``):
 #: ``name domain:role priority uri dispname``.
@@ -139,16 +148,34 @@ class _Hrefs(HTMLParser):
         self.hrefs.extend(value for key, value in attrs if key == "href" and value)
 
 
+def built_site() -> Path:
+    """The built site to check: the one ``RELATTN_DOCS_BUILT`` names, which must exist (the
+    test fails where it does not), else ``docs/_build/html`` where built (skips if not)."""
+    named = os.environ.get(BUILT_SITE_VARIABLE, "")
+    if not named:
+        if not (BUILT_HTML / "index.html").exists():
+            pytest.skip(
+                f"no built site at {BUILT_HTML} (run the Sphinx build first) and "
+                f"{BUILT_SITE_VARIABLE} unset"
+            )
+        return BUILT_HTML
+    site = DOCS.parent / named  # an absolute path stays as it is
+    if not (site / "index.html").is_file():
+        pytest.fail(f"{BUILT_SITE_VARIABLE}={named}: no built site there ({site / 'index.html'})")
+    return site
+
+
 def test_built_pages_link_to_no_address_with_a_dollar():
-    if not (BUILT_HTML / "index.html").exists():
-        pytest.skip(f"no built site at {BUILT_HTML} (run the Sphinx build first)")
-    wrong = []
-    for page in sorted(BUILT_HTML.rglob("*.html")):
-        if "_static" in page.relative_to(BUILT_HTML).parts:
+    site = built_site()
+    wrong, pages, links = [], 0, 0
+    for page in sorted(site.rglob("*.html")):
+        if "_static" in page.relative_to(site).parts:
             continue
         parser = _Hrefs()
         parser.feed(page.read_text(encoding="utf-8", errors="replace"))
-        wrong += [f"{page.relative_to(BUILT_HTML)}: {href}" for href in parser.hrefs if "$" in href]
+        pages, links = pages + 1, links + len(parser.hrefs)
+        wrong += [f"{page.relative_to(site)}: {href}" for href in parser.hrefs if "$" in href]
+    assert pages > 1 and links > 0, f"{site}: {pages} pages and {links} links: not a built site"
     assert not wrong, "links with an unexpanded '$':\n" + "\n".join(sorted(set(wrong)))
 
 

@@ -5,7 +5,7 @@ written from the formula (:func:`_loop`): ``relative_attention``'s ``query_posit
 (the position-to-content term ``k_j · Qʳ[δ]``), ``attention_block``'s ``bias`` and
 ``block_size`` (sub-blocks of one block pair), ``ring_attention``'s ``bias`` and
 ``block_size`` (on a ring of 4 host devices), the empty result of ``Lq = 0`` with a
-causal-layout value table, and ``RELATTN_MAX_SCORE_BYTES``'s validation.
+causal-layout value table, and ``RELATTN_MAX_SCORE_BYTES``'s validation (read at import).
 """
 
 from __future__ import annotations
@@ -142,10 +142,27 @@ def test_finiteness_probe(backend, dtype_name):
 
 @pytest.mark.parametrize("given", ["abc", "0", "-1", "1.5"])
 def test_score_budget_variable_is_validated(monkeypatch, given):
+    """The variable is read once, at import: a bad value fails there, naming it."""
+    from relattn._config import _from_environment
+
     monkeypatch.setenv("RELATTN_MAX_SCORE_BYTES", given)
-    x = np.ones((2, 3))
     with pytest.raises(ValueError, match=r"RELATTN_MAX_SCORE_BYTES must be a positive integer"):
-        relattn.scaled_dot_product_attention(x, x, x)
+        _from_environment()
+
+
+def test_score_budget_variable_is_read_at_import_only():
+    """Set before import, the variable is the budget; set afterwards, it changes nothing."""
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ["RELATTN_MAX_SCORE_BYTES"] = "12345"
+        import relattn
+        os.environ["RELATTN_MAX_SCORE_BYTES"] = "999"
+        print(relattn.config.max_score_bytes)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "12345"
 
 
 RING = """

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import relattn
-from relattn.capabilities import unsupported
+from relattn.capabilities import SETTINGS, unsupported
 from relattn.testing import assert_close, target
 
 
@@ -1163,7 +1163,7 @@ SIGNATURES["attention_block"] = Signature(
 
 #: Public names that take a BlockState (tested below) or run only inside jax.shard_map
 #: (tests/test_devices.py), or are a type.
-OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attention"}
+OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attention", *SETTINGS}
 
 #: Public functions without array arguments: they take ``xp=`` (see CREATION above).
 NO_ARRAYS = {

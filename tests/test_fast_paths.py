@@ -10,13 +10,19 @@
   the CPU too;
 - the public functions with the fused kernel switched off, so that both ways
   through ``relative_attention`` and ``scaled_dot_product_attention`` are
-  compared end to end.
+  compared end to end. The fast call must have run a kernel (``kernel_runs``):
+  where the backend offers none for the inputs the test skips, with the reason,
+  rather than compare the generic path with itself. On JAX, whose kernel is
+  cuDNN's (a GPU, half precision), the offer is JAX's XLA implementation through
+  relattn's adapter, so that the kernel route is compared on every device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -163,24 +169,118 @@ def test_jax_dot_product_attention_adapter_turns_down_what_does_not_fit(jax_back
 
 @pytest.fixture
 def generic_only(monkeypatch):
-    """relattn.core with every backend's fused kernel switched off."""
+    """relattn.core with every backend's fused kernel switched off.
+
+    ``staged=None`` too: a JAX call runs one operation at a time instead of reusing
+    the program that ``Backend.staged`` compiled for the same problem and shapes,
+    which traced whatever path the fast call took.
+    """
     real = relattn.core.backend_for
 
     def without_fused(xp):
-        return dataclasses.replace(real(xp), fused_attention=None)
+        return dataclasses.replace(real(xp), fused_attention=None, staged=None)
 
     monkeypatch.setattr(relattn.core, "backend_for", without_fused)
+    _forget_plans(monkeypatch)
+
+
+def _forget_plans(monkeypatch):
+    """The plans relattn keeps per call signature (``relattn.plan``), empty for the rest of
+    the test and restored after it: a plan chosen with another backend record (the kernel
+    on or off) names a path that this record may not have."""
+    plan = sys.modules.get("relattn.plan")
+    if isinstance(getattr(plan, "_PLANS", None), dict):
+        monkeypatch.setattr(plan, "_PLANS", {})
+
+
+def _jax_xla_offer(q, k, v):
+    """JAX's offer with the XLA implementation, on any device and dtype: relattn's adapter
+    where ``jax.nn.dot_product_attention`` takes the inputs ((B, H, L, d), one batch and
+    head size, ``d_v = d``), as ``_fused_attention`` offers cuDNN on a GPU."""
+    from relattn.backends import _jax
+
+    fits = q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+    if not fits or v.shape[-1] != q.shape[-1]:
+        return None
+    # Looked up at each call, so that a scratch edit of the adapter reaches the test.
+    return lambda **options: _jax.dot_product_attention(q, k, v, **options, implementation="xla")
+
+
+@pytest.fixture
+def kernel_runs(fused_backend, monkeypatch):
+    """The options of every fused-kernel call that relattn.core makes in the test, and
+    whether the backend offers its kernel for given inputs (``kernel_runs.offers``).
+
+    The backend's record with its offer wrapped to record each call; JAX's offer is its
+    XLA implementation (``_jax_xla_offer``), and on JAX the calls run one operation at a
+    time (``staged=None``: a compiled program of an earlier test would run no offer, and a
+    traced call never takes the kernel under a mask, whose keys it cannot check).
+    """
+    real = relattn.core.backend_for
+    offer = _jax_xla_offer if fused_backend.is_jax else real(fused_backend.xp).fused_attention
+    runs = _KernelRuns(offer)
+
+    def spied(q, k, v):
+        kernel = offer(q, k, v)
+        if kernel is None:
+            return None
+        return functools.partial(runs.run, kernel)
+
+    def with_spy(xp):
+        return dataclasses.replace(real(xp), fused_attention=spied, staged=None)
+
+    monkeypatch.setattr(relattn.core, "backend_for", with_spy)
+    _forget_plans(monkeypatch)
+    return runs
+
+
+class _KernelRuns(list):
+    def __init__(self, offer):
+        super().__init__()
+        self.offer = offer
+
+    def offers(self, q, k, v):
+        return self.offer(q, k, v) is not None
+
+    def run(self, kernel, **options):
+        self.append(options)
+        return kernel(**options)
+
+
+def _fast_then_generic(backend, kernel_runs, request, call, q, k, v):
+    """``call()`` through the backend's kernel, then with every kernel off, on the host. Skips
+    where the backend offers no kernel for ``q, k, v``; fails where it offers one that the
+    fast call did not run (the test would compare the generic path with itself)."""
+    if not kernel_runs.offers(q, k, v):
+        pytest.skip(f"{backend.name} offers no fused kernel for these inputs: nothing to compare")
+    # The plan may pass the kernel over where it is measured slower (JAX's XLA path on a
+    # CPU): the fast call forces it, as a user may.
+    with relattn.config.override(path="fused"):
+        fast = backend.to_host(call())
+    assert kernel_runs, "the backend offers a kernel, but the call did not run it"
+    request.getfixturevalue("generic_only")
+    plain = backend.to_host(call())
+    return fast, plain
+
+
+def _kernel_dtype(backend):
+    """float64, but float32 on JAX: ``jax.nn.dot_product_attention`` computes the softmax in
+    float32 whatever its inputs' dtype (its XLA implementation included), so its float64
+    results hold float32's tolerance only."""
+    return "float32" if backend.is_jax else "float64"
 
 
 def _relative_call(backend, rng, layout, with_mask):
     lq, lk, d = 4, 9, 8
+    dv = d if backend.is_jax else 5  # JAX's function wants d_v = d; torch SDPA does not
     width = lk if layout == "causal" else lq + lk - 1
-    q = backend.asarray(rng.normal(size=(2, 3, lq, d)), "float64")
-    k = backend.asarray(rng.normal(size=(2, 3, lk, d)), "float64")
-    v = backend.asarray(rng.normal(size=(2, 3, lk, 5)), "float64")
-    table = backend.asarray(rng.normal(size=(3, width, d)), "float64")
-    u = backend.asarray(rng.normal(size=(3, 1, d)), "float64")
-    pos = backend.asarray(rng.normal(size=(3, 1, d)), "float64")
+    dtype = _kernel_dtype(backend)
+    q = backend.asarray(rng.normal(size=(2, 3, lq, d)), dtype)
+    k = backend.asarray(rng.normal(size=(2, 3, lk, d)), dtype)
+    v = backend.asarray(rng.normal(size=(2, 3, lk, dv)), dtype)
+    table = backend.asarray(rng.normal(size=(3, width, d)), dtype)
+    u = backend.asarray(rng.normal(size=(3, 1, d)), dtype)
+    pos = backend.asarray(rng.normal(size=(3, 1, d)), dtype)
     mask = None
     if with_mask:
         m = rng.random((2, 1, lq, lk)) < 0.7
@@ -192,29 +292,30 @@ def _relative_call(backend, rng, layout, with_mask):
             q, k, v, table, content_bias=u, position_bias=pos, mask=mask
         )
 
-    return call
+    return call, (q, k, v)
 
 
 @pytest.mark.parametrize("layout", ["causal", "full"])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_relative_attention_fast_equals_generic(fused_backend, layout, with_mask, rng, request):
-    call = _relative_call(fused_backend, rng, layout, with_mask)
-    fast = fused_backend.to_host(call())
-    request.getfixturevalue("generic_only")
-    plain = fused_backend.to_host(call())
-    np.testing.assert_allclose(fast, plain, **tolerance("float64"))
+def test_relative_attention_fast_equals_generic(
+    fused_backend, kernel_runs, layout, with_mask, rng, request
+):
+    call, qkv = _relative_call(fused_backend, rng, layout, with_mask)
+    fast, plain = _fast_then_generic(fused_backend, kernel_runs, request, call, *qkv)
+    np.testing.assert_allclose(fast, plain, **tolerance(_kernel_dtype(fused_backend)))
 
 
-def test_scaled_dot_product_attention_fast_equals_generic(fused_backend, rng, request):
-    q, k, v, bias, mask = _to_backend(fused_backend, "float64", _attention_inputs(rng, "bias+mask"))
+def test_scaled_dot_product_attention_fast_equals_generic(fused_backend, kernel_runs, rng, request):
+    dv = 8 if fused_backend.is_jax else 6  # JAX's function wants d_v = d
+    inputs = _attention_inputs(rng, "bias+mask", dv=dv)
+    dtype = _kernel_dtype(fused_backend)
+    q, k, v, bias, mask = _to_backend(fused_backend, dtype, inputs)
 
     def call():
         return relattn.scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
 
-    fast = fused_backend.to_host(call())
-    request.getfixturevalue("generic_only")
-    plain = fused_backend.to_host(call())
-    np.testing.assert_allclose(fast, plain, **tolerance("float64"))
+    fast, plain = _fast_then_generic(fused_backend, kernel_runs, request, call, q, k, v)
+    np.testing.assert_allclose(fast, plain, **tolerance(dtype))
     np.testing.assert_array_equal(fast[0, :, 1], 0)
 
 

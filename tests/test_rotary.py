@@ -151,12 +151,24 @@ def test_base(backend, dtype, rng, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_low_precision(backend, rng, dtype, layout):
     backend.dtype(dtype)  # skips where the library has no such dtype
-    x = rng.normal(size=(2, 6, 8))
-    out = relattn.rotary_position_embedding(backend.asarray(x, dtype), layout=layout, rotary_dim=6)
+    x = backend.asarray(rng.normal(size=(2, 6, 8)), dtype)
+    out = relattn.rotary_position_embedding(x, layout=layout, rotary_dim=6)
     assert out.dtype == backend.dtype(dtype)
-    backend.assert_close(
-        out, _rope_loop(_rounded(x, "float32"), layout=layout, rotary_dim=6), dtype
-    )
+    # The reference rotates the inputs as the backend holds them, rounded to ``dtype``.
+    exact = backend.to_host(x).astype(np.float64)
+    expected = _rope_loop(exact, layout=layout, rotary_dim=6)
+    backend.assert_close(out, expected, dtype)
+    # Tighter, per element: a rotated ``a cos - b sin`` with cos and sin rounded to
+    # ``dtype`` (relative error u each, u = 2^-11 or 2^-8), both products and the
+    # difference rounded, is off by at most 2u(|a cos| + |b sin|) + u|out| <= (2√2 + 1)u
+    # ‖(a, b)‖ to first order (a fused a·cos - b·sin only less); the pass-through features
+    # are copied exactly. 4u‖(a, b)‖ per element, a pair's norm for both of its features.
+    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+    norm = np.abs(exact)
+    for a, b in _pairs(layout, 6):
+        norm[..., a] = norm[..., b] = np.hypot(exact[..., a], exact[..., b])
+    err = np.abs(backend.to_host(out).astype(np.float64) - expected)
+    assert (err <= 4 * u * norm).all(), f"error {np.max(err / (u * norm)):.2f} u·‖pair‖ > 4"
 
 
 def test_large_float32_positions(backend, rng):

@@ -4,7 +4,7 @@
 ``u``, ``v``, self-attention ``Lq = Lk = L``, ``B = 1``, ``H = 8``, ``d = 64``,
 float32: the inputs of ``asv_bench/long_sequences.py`` (``inputs``). ``path``
 ``"blockwise"`` passes ``block_size=512``; ``"dense"`` passes ``block_size=None``
-with ``RELATTN_MAX_SCORE_BYTES`` set far above any score array, so that
+with ``relattn.config.max_score_bytes`` set far above any score array, so that
 relattn's automatic choice stays dense at every length. NumPy, PyTorch CPU and
 JAX (``jax.jit``), ``L`` = 1024 and 4096 (1024 with ``RELATTN_BENCH_QUICK``).
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,8 +29,8 @@ BACKENDS = ("numpy", "torch", "jax")
 LENGTHS = (1024,) if common.QUICK else (1024, 4096)
 PATHS = ("blockwise", "dense")
 BLOCK_SIZE = 512
-#: ``RELATTN_MAX_SCORE_BYTES`` of the dense path: no score array reaches it.
-DENSE_BUDGET = str(1 << 62)
+#: ``relattn.config.max_score_bytes`` of the dense path: no score array reaches it.
+DENSE_BUDGET = 1 << 62
 
 
 @functools.cache
@@ -60,19 +59,20 @@ def long_call(backend: Target, arrays: dict, block_size: int | None):
 
 
 class _DenseBudget:
-    """Sets ``RELATTN_MAX_SCORE_BYTES`` for dense calls (``setup``), restores it (``teardown``)."""
+    """Sets ``relattn.config.max_score_bytes`` for dense calls (``setup``), restores it
+    (``teardown``)."""
 
     def force_dense(self) -> None:
-        self._budget = os.environ.get("RELATTN_MAX_SCORE_BYTES")
-        os.environ["RELATTN_MAX_SCORE_BYTES"] = DENSE_BUDGET
+        import relattn
+
+        self._budget = relattn.config.max_score_bytes
+        relattn.config.update("max_score_bytes", DENSE_BUDGET)
 
     def teardown(self, *params) -> None:
-        if not hasattr(self, "_budget"):
-            return
-        if self._budget is None:
-            os.environ.pop("RELATTN_MAX_SCORE_BYTES", None)
-        else:
-            os.environ["RELATTN_MAX_SCORE_BYTES"] = self._budget
+        import relattn
+
+        if hasattr(self, "_budget"):
+            relattn.config.update("max_score_bytes", self._budget)
 
 
 class Blockwise(_DenseBudget, common._Speed):

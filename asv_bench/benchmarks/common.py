@@ -414,3 +414,107 @@ class _Constant:
 
     def time_relattn(self, backend: str) -> None:
         ready(self.backend, self.call())
+
+
+# -- plans: relattn's chosen path against the block fold --------------------------------
+#: The schemes whose plan ``plans.py`` and ``compare.py --only plans`` time against the
+#: fold: causal plain attention, ALiBi (causal), T5 (a per-distance bias, bidirectional),
+#: packed documents (segment ids, causal), causal Transformer-XL, Shaw, DeBERTa.
+PLAN_SCHEMES = ("causal", "alibi", "t5", "segments", "transformer-xl", "shaw", "deberta")
+#: Documents packed into the one row of ``segments``, of equal lengths.
+DOCUMENTS = 4
+#: scheme -> (relattn's function, its keywords that are not arrays, the names of its
+#: positional arrays after ``q, k, v``).
+PLAN_CALLS = {
+    "causal": ("scaled_dot_product_attention", {"causal": True}, ()),
+    "alibi": ("scaled_dot_product_attention", {"causal": True}, ()),
+    "t5": ("scaled_dot_product_attention", {"scale": 1.0}, ()),
+    "segments": ("scaled_dot_product_attention", {"causal": True}, ()),
+    "transformer-xl": ("relative_attention", {"causal": True}, ("position_table",)),
+    "shaw": ("shaw_attention", {}, ("key_embeddings", "value_embeddings")),
+    "deberta": ("disentangled_attention", {}, ("position_table", "query_position_table")),
+}
+
+
+def plan_inputs(scheme: str, length: int, batch: int = 1, heads: int = HEADS) -> dict:
+    """NumPy inputs of one ``scheme`` (:data:`PLAN_SCHEMES`), self-attention of ``length``.
+
+    ``q``, ``k``, ``v (B, H, L, d)`` float32 and the scheme's own: ALiBi's
+    ``relative_bias (H, L)`` (slopes times the causal layout's distances), T5's
+    ``(H, 2L - 1)`` (one value per distance, as gathered from its buckets), the
+    ``segment_ids (B, 1, L)`` of :data:`DOCUMENTS` documents, Transformer-XL's
+    per-head table ``(H, L, d)`` and ``u``, ``v (H, 1, d)``, Shaw's clipped
+    embeddings ``(2K + 1, d)``, DeBERTa's per-head tables ``(H, 2L - 1, d)``.
+    """
+    import relattn
+
+    rng = np.random.default_rng(11)
+    arrays = {name: normal(rng, batch, heads, length, D_HEAD) for name in ("q", "k", "v")}
+    width = 2 * length - 1
+    if scheme == "alibi":
+        slopes = np.asarray(relattn.alibi_slopes(heads), dtype=np.float32)
+        distances = np.asarray(relattn.relative_distances(length, length, causal=True))
+        arrays["relative_bias"] = (slopes[:, None] * distances).astype(np.float32)
+    elif scheme == "t5":
+        arrays["relative_bias"] = normal(rng, heads, width)
+    elif scheme == "segments":
+        documents = np.arange(length) * DOCUMENTS // length
+        arrays["segment_ids"] = np.broadcast_to(documents, (batch, 1, length)).astype(np.int32)
+    elif scheme == "transformer-xl":
+        arrays["position_table"] = normal(rng, heads, length, D_HEAD)
+        arrays["content_bias"] = normal(rng, heads, 1, D_HEAD)
+        arrays["position_bias"] = normal(rng, heads, 1, D_HEAD)
+    elif scheme == "shaw":
+        arrays["key_embeddings"] = normal(rng, 2 * RADIUS + 1, D_HEAD)
+        arrays["value_embeddings"] = normal(rng, 2 * RADIUS + 1, D_HEAD)
+    elif scheme == "deberta":
+        arrays["position_table"] = normal(rng, heads, width, D_HEAD)
+        arrays["query_position_table"] = normal(rng, heads, width, D_HEAD)
+    elif scheme != "causal":
+        raise ValueError(f"unknown scheme {scheme!r}; the schemes are {PLAN_SCHEMES}")
+    return arrays
+
+
+def plan_and_fold(
+    scheme: str, backend: Target, arrays: dict
+) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    """``(plan, fold, chosen)``: relattn's call of ``scheme`` on ``arrays`` (on ``backend``,
+    from :func:`plan_inputs`) at its default plan, the same call forced onto the block fold
+    (``relattn.config.override(path="fold")``), and the default's
+    :class:`relattn.plan.Plan` (:func:`relattn.explain`) once warm.
+
+    Both are called here first. On JAX each is its own ``jax.jit`` function and the
+    forced one is traced under the override: the path is chosen when a call is traced.
+    A plan that takes a compiled kernel from a signature's ``compile_after``-th call on
+    (FlexAttention on a CPU) is called that many times first, so that the plan timed is
+    the one a loop settles on, compiled.
+    """
+    require("explain", "config")
+    import relattn
+
+    name, static, positional = PLAN_CALLS[scheme]
+    function = getattr(relattn, name)
+    args = tuple(arrays[n] for n in ("q", "k", "v", *positional))
+    kwargs = {n: a for n, a in arrays.items() if n not in ("q", "k", "v", *positional)}
+
+    def compiled() -> Callable[..., Any]:
+        # A new function object per setting: jax.jit keeps its traces per function.
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **static, **kwargs)
+
+        return backend.default_jit(call)
+
+    default, forced = compiled(), compiled()
+
+    def plan() -> Any:
+        return default(*args, **kwargs)
+
+    def fold() -> Any:
+        with relattn.config.override(path="fold"):
+            return forced(*args, **kwargs)
+
+    ready(backend, fold())
+    first = relattn.explain(function, *args, **static, **kwargs)
+    for _ in range((first.compile_after or 0) + 1):
+        ready(backend, plan())
+    return plan, fold, relattn.explain(function, *args, **static, **kwargs)

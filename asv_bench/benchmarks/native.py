@@ -7,9 +7,10 @@ These are what a user would write without relattn, in the library's own API
   al. 2019, appendix B (``_rel_shift`` in ``mem_transformer.py``; ESPnet's
   ``RelPositionMultiHeadedAttention.rel_shift`` for the full layout), in
   PyTorch, NumPy (and CuPy, whose API is NumPy's) and ``jax.numpy``;
-- attention with a precomputed additive bias through the libraries' fused
-  kernels, ``torch.nn.functional.scaled_dot_product_attention`` and
-  ``jax.nn.dot_product_attention`` (and plain NumPy);
+- attention with a precomputed additive bias, or none (plain attention), through
+  the libraries' fused kernels, ``torch.nn.functional.scaled_dot_product_attention``
+  and ``jax.nn.dot_product_attention`` (its ``implementation="xla"`` or ``"cudnn"``,
+  ``is_causal``), and plain NumPy;
 - Shaw et al. 2018 as tensor2tensor computes it
   (``dot_product_attention_relative``): the clipped tables gathered into
   ``(Lq, Lk, d)`` tensors per pair;
@@ -20,6 +21,9 @@ These are what a user would write without relattn, in the library's own API
 - causal Transformer-XL attention through PyTorch's FlexAttention (a
   ``score_mod`` and a causal block mask, :func:`torch_flex_transformer_xl`),
   checked against relattn where it runs (``baselines.FlexAttentionVsBlockwise``);
+- FlexAttention written directly for the ``score_mod``-expressible schemes (ALiBi,
+  a per-distance bias such as T5's, a document mask over packed sequences,
+  :func:`torch_flex_attention`), the GPU rows of ``compare.py``;
 - T5's relative attention bias as Hugging Face's ``T5Attention.compute_bias``
   forms it: a bucket index per query–key pair (:func:`t5_pair_buckets`), the
   ``(num_buckets, H)`` table gathered into an ``(H, Lq, Lk)`` bias, then the
@@ -121,10 +125,11 @@ def numpy_cached_decode(q, k, v, position_table, content_bias, position_bias, fi
     return numpy_softmax((ac + bd) * scale, mask, lib) @ v
 
 
-def numpy_attention(q, k, v, bias, scale=None, lib: Any = np):
-    """``softmax(q kᵀ · scale + bias) v``."""
+def numpy_attention(q, k, v, bias=None, scale=None, lib: Any = np):
+    """``softmax(q kᵀ · scale + bias) v``; ``bias=None``: plain attention."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return numpy_softmax((q @ lib.swapaxes(k, -1, -2)) * scale + bias, None, lib) @ v
+    scores = (q @ lib.swapaxes(k, -1, -2)) * scale
+    return numpy_softmax(scores if bias is None else scores + bias, None, lib) @ v
 
 
 def numpy_relative_embeddings(table, query_length, key_length, lib: Any = np):
@@ -276,8 +281,9 @@ def torch_cached_decode(q, k, v, position_table, content_bias, position_bias, fi
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
-def torch_attention(q, k, v, bias, scale=None):
-    """``torch.nn.functional.scaled_dot_product_attention`` with a float ``attn_mask`` (a bias)."""
+def torch_attention(q, k, v, bias=None, scale=None):
+    """``torch.nn.functional.scaled_dot_product_attention`` with a float ``attn_mask`` (a bias;
+    ``None``: plain attention)."""
     import torch.nn.functional as F
 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
@@ -380,6 +386,62 @@ def torch_flex_transformer_xl(q, k, v, table, content_bias, position_bias, scale
     return call
 
 
+def torch_flex_attention(q, k, v, *, slopes=None, values=None, segments=None, causal=False,
+                         scale=None):  # fmt: skip
+    """FlexAttention written directly (He et al. 2024; the attention-gym examples): a
+    no-argument-or-``(q, k, v)`` call of ``torch.compile(flex_attention, dynamic=False)``.
+
+    - ``slopes (H,)``: ALiBi, ``score + slopes[h]·δ`` (Press et al. 2022);
+    - ``values (H, Lq + Lk - 1)``: a per-distance bias in the full layout (T5's bucket
+      values gathered per distance), ``score + values[h, δ + Lq - 1]``;
+    - ``segments (B, Lk)`` (self-attention): a document mask, keys of the query's document
+      only;
+    - ``causal``: keys after the query's position (``δ > 0``) masked.
+
+    ``δ = kv_idx - (q_idx + Lk - Lq)``, relattn's distance. The block mask is made once,
+    here, as a model reuses it across its layers; every call compiles nothing after the
+    first. Returns ``call(q=q, k=k, v=v)``: pass tensors that require a gradient to time
+    the backward pass. ``ImportError`` where this PyTorch has no FlexAttention.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    batch, lq = q.shape[0], q.shape[-2]
+    lk = k.shape[-2]
+    offset = lk - lq
+    compiled = torch.compile(flex_attention, dynamic=False)
+    score_mod = None
+    if slopes is not None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx - offset)
+
+    elif values is not None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + values[h, kv_idx - q_idx - offset + lq - 1]
+
+    def visible(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    if segments is not None:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            same = segments[b, q_idx + offset] == segments[b, kv_idx]
+            return (same & visible(b, h, q_idx, kv_idx)) if causal else same
+
+        block_mask = create_block_mask(mask_mod, batch, None, lq, lk, device=q.device)
+    elif causal:
+        block_mask = create_block_mask(visible, None, None, lq, lk, device=q.device)
+    else:
+        block_mask = None
+
+    def call(q=q, k=k, v=v):
+        return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+    return call
+
+
 # -- JAX (call through ``jax.jit``) -------------------------------------
 
 
@@ -443,22 +505,28 @@ def jax_cached_decode(q, k, v, position_table, content_bias, position_bias, fill
     return jnp.einsum("...qk,...kd->...qd", jax.nn.softmax(scores, axis=-1), v)
 
 
-def jax_attention(q, k, v, bias, scale=None):
+def jax_attention(q, k, v, bias=None, scale=None, *, causal=False, implementation=None):
     """``jax.nn.dot_product_attention`` on ``(B, H, L, d)`` arrays.
 
     The fused function wants ``(B, L, H, d)``; the transposes are part of what
     a caller holding relattn's layout pays, and XLA folds them into the
-    products.
+    products. ``bias=None``: plain attention; ``causal``: its ``is_causal``;
+    ``implementation``: ``"xla"``, ``"cudnn"`` (GPUs, 16-bit floats) or ``None``
+    (JAX chooses).
     """
     import jax
     import jax.numpy as jnp
 
+    if bias is not None and bias.ndim == 2:
+        bias = jnp.broadcast_to(bias, (1, 1, *bias.shape[-2:]))
     out = jax.nn.dot_product_attention(
         jnp.swapaxes(q, 1, 2),
         jnp.swapaxes(k, 1, 2),
         jnp.swapaxes(v, 1, 2),
-        bias=jnp.broadcast_to(bias, (1, 1, *bias.shape[-2:])) if bias.ndim == 2 else bias,
+        bias=bias,
         scale=scale,
+        is_causal=causal,
+        implementation=implementation,
     )
     return jnp.swapaxes(out, 1, 2)
 
@@ -674,6 +742,7 @@ def check(backend_name: str) -> None:
             {"bias": arrays["bias"]},
             (arrays["q"], arrays["k"], arrays["v"], arrays["bias"]),
         )
+        same("scaled_dot_product_attention", (arrays["q"], arrays["k"], arrays["v"]), {})
         arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
         args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
         same("shaw_attention", args, {})

@@ -68,4 +68,13 @@ def _generic(xp: ModuleType) -> Backend:
     (NumPy's floating-point warnings are silenced where relattn probes for a NaN; the
     others compute with NumPy or raise none.)"""
     name = xp.__name__.removeprefix("array_api_compat.")
-    return Backend(name=name, quiet=functools.partial(np.errstate, all="ignore"))
+    quiet = functools.partial(np.errstate, all="ignore")
+    if name == "cupy":
+        return Backend(name=name, quiet=quiet, free_memory=_cupy_free_memory)
+    return Backend(name=name, quiet=quiet)
+
+
+def _cupy_free_memory(device: object) -> int:
+    """Free bytes on a CuPy array's device (``Device.mem_info``)."""
+    with device:  # type: ignore[attr-defined]  # a cupy.cuda.Device
+        return int(device.mem_info[0])  # type: ignore[attr-defined]

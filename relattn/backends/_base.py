@@ -21,6 +21,14 @@ def _always(x: Any) -> bool:
     return True
 
 
+def _never(x: Any) -> bool:
+    return False
+
+
+def _unknown(x: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Kernel:
     """A library kernel that a plan (:mod:`relattn.plan`) may lower a problem to.
@@ -141,6 +149,9 @@ class Backend:
         before the bias is built, so that a bias is never computed twice.
         ``None`` (the field) where the library has no kernel worth using;
         relattn then runs the generic array-API path.
+    kernel_name : str
+        What :attr:`fused_attention` calls, for plans and messages
+        (``"torch SDPA"``).
     kernels : tuple of Kernel
         The library's kernels a plan may lower a problem to, fastest first
         (:class:`Kernel`); the plan asks each in turn and records why each
@@ -163,6 +174,22 @@ class Backend:
         last. Dask's reshapes otherwise leave ragged chunks along the sequence
         (``63, 64, 1, 63, 64, 1, …``) that every later operation inherits.
         Identity where arrays are not chunked.
+    needs_grad : callable
+        ``arrays -> bool``: a gradient will be taken through a call of these
+        arrays (one requires it and autograd records; ``None`` entries are
+        skipped); part of a plan's signature, since some kernels have no
+        backward pass on some devices.
+    step_compiler : callable or None
+        ``() -> compile_step``: a compiler of the block fold's step for one plan;
+        ``compile_step(fn) -> fn`` compiles one step (a closure of
+        :func:`relattn.fold.fold_keys`) into one fused function
+        (``torch.compile``), reusing what earlier steps of the plan compiled.
+        ``None``: the fold runs eagerly, or (JAX) its loops are compiled whole.
+    free_memory : callable
+        ``device -> int or None``: the device's free memory in bytes
+        (``torch.cuda.mem_get_info``, JAX's ``memory_stats``, CuPy's
+        ``mem_info``), for the dense budget on a GPU; ``None`` where unknown
+        (a CPU: the budget is a constant there).
     takes_blockwise : callable
         ``x -> bool``: the blockwise path runs on arrays like ``x``. ``False``
         for PyTorch's ``DTensor``, which refuses to mix with the plain tensors
@@ -189,7 +216,11 @@ class Backend:
     collective: Any = None
     join: Callable[..., Any] = _identity
     fused_attention: Callable[..., Any] | None = None
+    kernel_name: str = ""
     kernels: tuple[Kernel, ...] = ()
+    needs_grad: Callable[[Any], bool] = _never
+    step_compiler: Callable[[], Callable[..., Any]] | None = None
+    free_memory: Callable[[Any], int | None] = _unknown
     matmul_transposed: Callable[[Any, Any], Any] | None = None
     take_along_axis: Callable[..., Any] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity

@@ -1,4 +1,5 @@
-"""JAX: traced loops and branches, checkpoints, the ring's collective (``shard_map``), cuDNN."""
+"""JAX: traced loops and branches, checkpoints, the ring's collective (``shard_map``),
+``jax.nn.dot_product_attention`` (cuDNN on NVIDIA GPUs, XLA elsewhere)."""
 
 from __future__ import annotations
 
@@ -195,27 +196,44 @@ class _Collective:
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:
-    """cuDNN's flash attention on a GPU for float16/bfloat16, where it takes the shapes.
+    """``jax.nn.dot_product_attention``: cuDNN's flash attention on an NVIDIA GPU for
+    float16/bfloat16 where it takes the shapes, JAX's XLA implementation elsewhere.
 
-    ``jax.nn.dot_product_attention`` without ``implementation="cudnn"`` runs the
-    same XLA graph as relattn's generic path, so the kernel is offered only
-    where cuDNN can run: a CUDA default backend, a half dtype, ``d <= 128`` and
-    a multiple of 8, ``(B, H, L, d)`` inputs with ``d_v = d``. A layout cuDNN
-    still turns down runs JAX's XLA implementation instead.
+    Offered for ``(B, H, L, d)`` inputs with ``d_v = d`` in float32 or a half dtype:
+    the function computes its softmax in float32 whatever its inputs' dtype, so a
+    float64 call keeps relattn's own path (SPEC §5: 1e-10 in float64). cuDNN needs
+    ``d <= 128`` and a multiple of 8; a layout it still turns down runs the XLA
+    implementation instead.
     """
-    import functools
-
     import jax
     import jax.numpy as jnp
 
-    half = q.dtype in (jnp.float16, jnp.bfloat16)
-    if not half or jax.default_backend() != "gpu" or q.shape[-1] > 128 or q.shape[-1] % 8:
+    if q.dtype not in (jnp.float32, jnp.float16, jnp.bfloat16):
         return None
     if not (q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]):
         return None
     if v.shape[-1] != q.shape[-1]:
         return None
-    return functools.partial(_cudnn_or_xla, q, k, v)
+    half = q.dtype != jnp.float32
+    cudnn = half and jax.default_backend() == "gpu" and q.shape[-1] <= 128
+    if cudnn and q.shape[-1] % 8 == 0:
+        return functools.partial(_cudnn_or_xla, q, k, v)
+    return functools.partial(_lower_right, q, k, v, implementation="xla")
+
+
+def _lower_right(q: Any, k: Any, v: Any, *, causal: bool, mask: Any, **options: Any) -> Any:
+    """:func:`dot_product_attention` whose ``causal`` is aligned to the last key (query
+    ``i`` sees keys up to ``i + Lk - Lq``): JAX's ``is_causal`` aligns the first ones, so
+    ``Lq != Lk`` passes the mask, made of two ranges inside the trace."""
+    import jax.numpy as jnp
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal and lq != lk:
+        rows = jnp.arange(lq)[:, None] + (lk - lq)
+        causal_mask = jnp.arange(lk)[None, :] <= rows
+        mask = causal_mask if mask is None else mask & causal_mask
+        causal = False
+    return dot_product_attention(q, k, v, causal=causal, mask=mask, **options)
 
 
 def _cudnn_or_xla(
@@ -223,9 +241,20 @@ def _cudnn_or_xla(
 ) -> Any:
     options = {"bias": bias, "mask": mask, "causal": causal, "scale": scale}
     try:
-        return dot_product_attention(q, k, v, **options, implementation="cudnn")
+        return _lower_right(q, k, v, **options, implementation="cudnn")
     except (NotImplementedError, ValueError, RuntimeError):
-        return dot_product_attention(q, k, v, **options)
+        return _lower_right(q, k, v, **options, implementation="xla")
+
+
+def _free_memory(device: Any) -> int | None:
+    """Free bytes on an accelerator (``Device.memory_stats``); ``None`` on a CPU or where
+    the platform keeps no statistics."""
+    if getattr(device, "platform", "cpu") == "cpu":
+        return None
+    stats = device.memory_stats() or {}
+    if "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
 
 
 BACKEND = Backend(
@@ -242,5 +271,7 @@ BACKEND = Backend(
     align=_align,
     collective=_Collective,
     fused_attention=_fused_attention,
+    kernel_name="jax.nn.dot_product_attention",
+    free_memory=_free_memory,
     matmul_transposed=_matmul_transposed,
 )

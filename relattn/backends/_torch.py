@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
+import types
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 from ._base import Backend
+from ._flex import KERNEL as FLEX
 
 
 def _stop_gradient(x: Any) -> Any:
@@ -23,12 +28,7 @@ def _has_values(x: Any) -> bool:
 
 def _checkpoint(fn: Any, *args: Any) -> Any:
     """``fn(*args)``; under autograd, recomputed in the backward pass instead of kept."""
-    import torch
-
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    )
-    if not needs_grad:
+    if not _needs_grad(args):
         return fn(*args)
     from torch.utils.checkpoint import checkpoint
 
@@ -44,12 +44,12 @@ def _fused_attention(q: Any, k: Any, v: Any) -> Any:
     sharding rule (batch or head shardings pass through without
     communication).
     """
-    if _is_dtensor(q, k, v):
+    if is_dtensor(q, k, v):
         return None
     return functools.partial(fused_attention, q, k, v)
 
 
-def _is_dtensor(*xs: Any) -> bool:
+def is_dtensor(*xs: Any) -> bool:
     """Any of ``xs`` is a ``torch.distributed.tensor.DTensor``.
 
     Looked up in ``sys.modules``, not imported: importing
@@ -66,7 +66,7 @@ def _join(x: Any, like: Any) -> Any:
     A bias or mask relattn builds (the causal mask) is the same on every rank;
     DTensor refuses to mix the two kinds in one operation.
     """
-    if x is None or not _is_dtensor(like) or _is_dtensor(x):
+    if x is None or not is_dtensor(like) or is_dtensor(x):
         return x
     from torch.distributed.tensor import DTensor, Replicate
 
@@ -81,7 +81,10 @@ def fused_attention(
 
     ``bias`` and ``mask`` become one ``attn_mask``: the boolean mask alone (``True`` =
     may attend, the polarity of both), or the bias with ``-inf`` where the mask forbids;
-    ``causal`` (``Lq = Lk``, no bias or mask) is SDPA's ``is_causal``. Rows with no
+    ``causal`` (``Lq <= Lk``, no bias or mask: query ``i`` sees keys up to
+    ``i + Lk - Lq``) is SDPA's ``is_causal`` for ``Lq = Lk`` and
+    ``torch.nn.attention.bias.causal_lower_right`` otherwise, neither an ``(Lq, Lk)``
+    array. Rows with no
     allowed key are set to zero whatever the kernel gives them. SDPA adds the ``-inf``
     of a mask to the scores, so relattn offers it masks only for finite keys.
     """
@@ -94,6 +97,11 @@ def fused_attention(
         attn_mask = mask
     else:
         attn_mask = torch.where(mask, bias, -math.inf)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal and lq != lk:
+        from torch.nn.attention.bias import causal_lower_right
+
+        attn_mask, causal = causal_lower_right(lq, lk), False
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale
     )
@@ -102,12 +110,85 @@ def fused_attention(
     return out
 
 
+def _needs_grad(arrays: tuple[Any, ...]) -> bool:
+    """A gradient will be taken: autograd records and one of ``arrays`` (tensors or
+    ``None``) requires one."""
+    import torch
+
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
+
+
+def _step_compiler() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A compiler of the block fold's step for one plan (``Backend.step_compiler``).
+
+    Each step is a new closure of one function of :mod:`relattn.fold`; Dynamo keeps
+    compiled code per code object, at most ``recompile_limit`` (8) versions of it. So
+    the plan compiles its own copy of the step's code object, once: its blocks then
+    reuse the copy's compiled code (the offsets of interior blocks become symbolic
+    after the first recompile; the last, shorter blocks and the causal diagonal take a
+    few versions more), and other plans do not evict them. ``fullgraph=True``: a graph
+    break inside the step is an error, not a silent fallback.
+    """
+    import torch
+
+    copies: dict[types.CodeType, types.CodeType] = {}
+
+    def compile_step(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if torch.compiler.is_compiling():
+            return fn  # inside the caller's own torch.compile: traced into their graph
+        code = copies.get(fn.__code__)
+        if code is None:
+            code = copies[fn.__code__] = own_code(fn)
+        step = types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+        compiled = torch.compile(step, fullgraph=True)
+
+        def run(*args: Any) -> Any:
+            with warnings.catch_warnings():
+                # Dynamo reads .grad of the non-leaf tensors the step closes over (the
+                # scaled queries) while it builds its guards; torch warns of its own read.
+                warnings.filterwarnings("ignore", message=_NON_LEAF_GRAD, category=UserWarning)
+                return compiled(*args)
+
+        return run
+
+    return compile_step
+
+
+_NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor"
+
+
+def own_code(fn: Callable[..., Any]) -> types.CodeType:
+    """A copy of ``fn``'s code object under a new name: Dynamo keeps compiled code, and
+    counts recompiles against ``recompile_limit``, per code object, so a plan that
+    compiles its own copy neither evicts nor is evicted by another plan's."""
+    return fn.__code__.replace(co_name=f"{fn.__code__.co_name}_plan_{next(_COPIES)}")
+
+
+_COPIES = itertools.count()
+
+
+def _free_memory(device: Any) -> int | None:
+    """Free bytes on a CUDA device (``torch.cuda.mem_get_info``); ``None`` elsewhere."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
 BACKEND = Backend(
     name="torch",
     stop_gradient=_stop_gradient,
     has_values=_has_values,
     checkpoint=_checkpoint,
     fused_attention=_fused_attention,
-    takes_blockwise=lambda x: not _is_dtensor(x),
+    kernel_name="torch SDPA",
+    kernels=(FLEX,),
+    needs_grad=_needs_grad,
+    step_compiler=_step_compiler,
+    free_memory=_free_memory,
+    takes_blockwise=lambda x: not is_dtensor(x),
     join=_join,
 )

@@ -76,27 +76,14 @@ def run(
     for start in starts if progress is None else progress(starts):
         h = encoder.embed(tokens[start : start + encoder.config.segment])
         tic = time.perf_counter()
-        with full_precision(target):
+        # Checked at the release tolerances: float32 products in full precision, for this
+        # block only (JAX's default on GPUs is TF32, about 1e-3; Target.full_precision).
+        with target.full_precision():
             out, memories = step(h, memories, start)
         memories = [m if m is None else backend.materialize(m) for m in memories]
         outputs.append(target.to_host(out))
         times.append(time.perf_counter() - tic)
     return np.concatenate(outputs), times
-
-
-def full_precision(target: testing.Target) -> Any:
-    """A context in which ``target`` multiplies float32 matrices in full float32 precision.
-
-    JAX's default on GPUs is TF32 (a 10-bit mantissa, errors of about 1e-3),
-    outside the release tolerance the demo checks; relattn itself follows the
-    caller's ``jax.default_matmul_precision``. PyTorch's matrix products are
-    full precision unless the caller enables TF32. A no-op elsewhere.
-    """
-    if target.is_jax:
-        import jax
-
-        return jax.default_matmul_precision("float32")
-    return contextlib.nullcontext()
 
 
 #: The demo's backends (the keys of :data:`relattn.backends.MODULES`) -> the
