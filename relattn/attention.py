@@ -115,9 +115,11 @@ def scaled_dot_product_attention(
         Run blockwise with query and key blocks of this size, or of sizes
         ``(query_block, key_block)`` (online softmax, memory
         ``O(Lq·d + query_block·key_block)`` per head instead of
-        ``O(Lq·Lk)``). Default: dense while one score array fits relattn's
-        memory budget (``RELATTN_MAX_SCORE_BYTES``), blockwise with blocks of
-        ``(256, 512)`` beyond it.
+        ``O(Lq·Lk)``). Default: the call's plan chooses
+        (:func:`relattn.explain`): a library kernel where one computes the
+        call, dense while the dense path's peak fits
+        ``relattn.config.max_score_bytes``, blockwise with the device's blocks
+        beyond it.
     positions : array of shape (..., L), integer dtype, or a pair of them, optional
         Positions as data (SPEC §2.15): one array for self-attention
         (``Lq = Lk``) or ``(query_positions (..., Lq), key_positions (...,
@@ -163,6 +165,7 @@ def scaled_dot_product_attention(
     relative_attention : With Transformer-XL's per-distance position term.
     relative_bias_matrix : The ``(..., Lq, Lk)`` matrix a ``relative_bias`` stands for.
     masked_softmax : The softmax alone.
+    explain : The path a call takes (kernel, FlexAttention, dense or blockwise), and why.
 
     Notes
     -----

@@ -576,9 +576,9 @@ def _spy_blockwise(monkeypatch):
     calls = []
     original = relattn.fold.blockwise
 
-    def spy(problem, block_size):
+    def spy(problem, block_size, *rest):
         calls.append(block_size)
-        return original(problem, block_size)
+        return original(problem, block_size, *rest)
 
     monkeypatch.setattr(relattn.core, "blockwise", spy)
     return calls

@@ -631,7 +631,9 @@ def test_default_positions_take_the_shift_path(backend, monkeypatch, rng):
 
     calls = []
     real = relattn.core.blockwise
-    monkeypatch.setattr(relattn.core, "blockwise", lambda p, b: (calls.append(b), real(p, b))[1])
+    monkeypatch.setattr(
+        relattn.core, "blockwise", lambda p, b, *rest: (calls.append(b), real(p, b, *rest))[1]
+    )
     data = _inputs(rng, 4, 6)
     plain = _run(backend, "xl", {**data, "key_table": data["key_table"][:6]}, "float64")
     table = {**data, "key_table": data["key_table"][:6]}  # the causal layout, W = Lk

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._base import Kernel
+from ._torch_types import is_dtensor, own_code
 
 __all__ = ["KERNEL", "flex_run", "prepare", "refusal", "refuse"]
 
@@ -70,8 +71,6 @@ def refusal(p: Any, *, compiled: bool = True) -> str | None:
         return "a position-to-content table (DeBERTa) is a product k·Qʳ[δ], not a score_mod term"
     if p.value_table is not None:
         return "a value table (Shaw) adds to the output, which FlexAttention does not express"
-    from ._torch import is_dtensor
-
     arrays = [a for a in p.arrays() if a is not None]
     if is_dtensor(*arrays):
         return "a DTensor: FlexAttention takes plain tensors"
@@ -282,8 +281,6 @@ def _compiled_call() -> Callable[..., Any]:
     """``torch.compile`` of a fresh copy of :func:`_call`: its own code object, so that
     Dynamo's cache and recompile limit are this plan's alone."""
     import torch
-
-    from ._torch import own_code
 
     code = own_code(_call)
     copy = types.FunctionType(code, _call.__globals__, code.co_name, _call.__defaults__)

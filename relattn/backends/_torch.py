@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -13,6 +11,7 @@ from typing import Any
 
 from ._base import Backend
 from ._flex import KERNEL as FLEX
+from ._torch_types import is_dtensor, own_code
 
 
 def _stop_gradient(x: Any) -> Any:
@@ -47,17 +46,6 @@ def _fused_attention(q: Any, k: Any, v: Any) -> Any:
     if is_dtensor(q, k, v):
         return None
     return functools.partial(fused_attention, q, k, v)
-
-
-def is_dtensor(*xs: Any) -> bool:
-    """Any of ``xs`` is a ``torch.distributed.tensor.DTensor``.
-
-    Looked up in ``sys.modules``, not imported: importing
-    ``torch.distributed.tensor`` takes seconds, and no DTensor exists before it
-    has been imported.
-    """
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and any(isinstance(x, module.DTensor) for x in xs)
 
 
 def _join(x: Any, like: Any) -> Any:
@@ -157,16 +145,6 @@ def _step_compiler() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 _NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor"
-
-
-def own_code(fn: Callable[..., Any]) -> types.CodeType:
-    """A copy of ``fn``'s code object under a new name: Dynamo keeps compiled code, and
-    counts recompiles against ``recompile_limit``, per code object, so a plan that
-    compiles its own copy neither evicts nor is evicted by another plan's."""
-    return fn.__code__.replace(co_name=f"{fn.__code__.co_name}_plan_{next(_COPIES)}")
-
-
-_COPIES = itertools.count()
 
 
 def _free_memory(device: Any) -> int | None:
