@@ -45,10 +45,13 @@ class Settings:
         path cannot compute raises ``ValueError`` saying why. ``None``: the plan
         chooses.
     compile : bool or None
-        Whether kernels that compile on their first call of each shape
-        (FlexAttention) may be chosen. ``None``: where a compile pays for itself,
-        on GPUs; a CPU compiles only when asked with ``True`` (FlexAttention's
-        first call of a shape takes about 15 s on a 2-core CPU). ``False``:
+        Whether paths that compile on their first call of each shape
+        (FlexAttention, the fold's compiled block step) may be chosen.
+        ``None``: where a compile pays for itself: on GPUs; on a CPU,
+        FlexAttention from a signature's 16th call on where its scores are
+        large and masked by causality, segments or ``mask_mod``
+        (:data:`relattn.plan.CPU_COMPILE_AFTER`; its compile takes 9–12 s on
+        a 2-core CPU). ``True``: wherever they compute the call. ``False``:
         never.
     """
 
@@ -99,8 +102,10 @@ def _from_environment() -> Settings:
 
 
 class Config:
-    """relattn's settings (:class:`Settings`): read as attributes, set with
-    :meth:`update` or for a ``with`` block with :meth:`override`.
+    """The settings of relattn, one :class:`Settings` at a time.
+
+    Read them as attributes, set one with :meth:`update`, or several for a
+    ``with`` block with :meth:`override`.
 
     Examples
     --------

@@ -74,13 +74,16 @@ CPU_BUDGET = 1 << 26
 BLOCK_SIZES = {"cpu": (256, 512), "gpu": (1024, 2048)}
 #: On a CPU, with ``relattn.config.compile=None``, a kernel that compiles on its first
 #: call of a shape (FlexAttention: 9–12 s on a 2-core CPU, cold) is taken from the
-#: :data:`CPU_COMPILE_AFTER`-th call of one signature on, where the scores have at least
-#: :data:`CPU_COMPILE_ELEMENTS` elements: a loop that repeats the shape. Compiled
-#: FlexAttention ran causal ALiBi 4.6–9.9 times faster than the fold at B = 1, H = 8,
-#: L = 1024 (8M elements; 50 against 280–435 ms) and 5.1 times at L = 4096 (1.0 against
-#: 5.1 s): the compile is repaid after about 40 calls at L = 1024, 3 at L = 4096.
-CPU_COMPILE_AFTER = 8
-CPU_COMPILE_ELEMENTS = 1 << 22
+#: :data:`CPU_COMPILE_AFTER`-th call of one signature on (a loop that repeats the shape),
+#: where the scores have at least :data:`CPU_COMPILE_ELEMENTS` elements and a mask
+#: leaves blocks out (causal, segments, ``mask_mod``). Measured on an idle 2-core
+#: CPU, B = 1, H = 8, d = 64, float32, compiled FlexAttention ÷ the fold: causal ALiBi
+#: 0.44 at L = 1024 and 0.45 at 4096 (0.30 against 0.66 s), four packed documents 0.32
+#: and 0.24; a T5 bias over every distance with no mask 1.18 and 1.0–2.1, so it is not
+#: taken there. At L = 4096 the compile is repaid after about 30 calls, at L = 1024
+#: after about 400: the threshold is 2^26 elements (H = 8, L ≈ 2900).
+CPU_COMPILE_AFTER = 16
+CPU_COMPILE_ELEMENTS = 1 << 26
 #: Fraction of a GPU's free memory the dense path may take.
 GPU_BUDGET_FRACTION = 0.25
 
@@ -381,7 +384,9 @@ def choose(
                     " relattn.config.compile=True takes it"
                 )
                 large = math.prod(p.lead) * p.lq * p.lk >= CPU_COMPILE_ELEMENTS
-                if large and eager:
+                # Masks whose blocks FlexAttention skips: causal, documents, mask_mod.
+                sparse = p.causal or p.query_segments is not None or p.mask_mod is not None
+                if large and eager and sparse:
                     compile_after = CPU_COMPILE_AFTER
         if take(kernel.name, why):
             return plan(kernel.name, None, _kernel_peak_bytes(p), kernel.name,
