@@ -35,6 +35,7 @@ from .memory import stop_gradient, update_memory
 from .plan import explain
 from .positions import relative_distances, relative_positions, relative_table
 from .ring import ring_attention
+from .rope_scaling import rope_frequencies
 from .rotary import rotary_position_embedding
 from .scores import (
     additive_scores,
@@ -91,6 +92,7 @@ __all__ = [
     "relative_scores",
     "relative_table",
     "ring_attention",
+    "rope_frequencies",
     "rotary_position_embedding",
     "scaled_dot_product_attention",
     "scaled_dot_product_scores",

@@ -219,6 +219,7 @@ CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(
             blockwise=True,
             ring=True,
         ),
+        "rope_frequencies": _creation("real floating"),
         "rotary_position_embedding": Capabilities(),
         "scaled_dot_product_attention": _attention(),
         "scaled_dot_product_scores": Capabilities(),

@@ -732,6 +732,7 @@ CREATION = {
     "forward_mask": lambda xp: relattn.forward_mask(3, xp=xp),
     "backward_mask": lambda xp: relattn.backward_mask(3, xp=xp),
     "diagonal_disabled_mask": lambda xp: relattn.diagonal_disabled_mask(3, xp=xp),
+    "rope_frequencies": lambda xp: relattn.rope_frequencies(4, xp=xp),
 }
 
 BAD_XP = {
@@ -1176,6 +1177,7 @@ NO_ARRAYS = {
     "local_window_mask",
     "relative_distances",
     "relative_positions",
+    "rope_frequencies",
 }
 
 _KIND_DTYPES = {"f": "float64", "c": "complex128", "i": "int64", "b": "bool"}

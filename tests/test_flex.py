@@ -282,3 +282,33 @@ def test_compiled_runs_again_without_recompiling():
         expected = relattn.scaled_dot_product_attention(q, k, v, block_size=4, **kw)
         np.testing.assert_allclose(out.numpy(), expected.numpy(), **tolerance("float32"))
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+# -------------------------------------------------------------------------------------------
+# Gradients: through the plan's flex path, against the fold's (GPUs only)
+# -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_gradients_equal_the_folds(device):
+    """q, k, v and ALiBi's per-distance values get the fold's gradients through the plan's
+    FlexAttention path. FlexAttention has no backward on the CPU: there the plan refuses
+    the forced path with that reason, and the test skips with it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device: torch has no GPU here")
+    q, k, v = (x.to(device).requires_grad_() for x in _qkv(lq=40, lk=40))
+    bias = _alibi(40).to(device).requires_grad_()
+    segments = torch.asarray(np.arange(40) // 13, device=device)[None, None]
+    kw = {"relative_bias": bias, "causal": True, "segment_ids": segments}
+    sdpa = relattn.scaled_dot_product_attention
+    with relattn.config.override(path="flex", compile=True):
+        try:
+            out = sdpa(q, k, v, **kw)
+        except ValueError as e:
+            assert device == "cpu" and "no backward on the CPU" in str(e)
+            pytest.skip(str(e))
+    expected = sdpa(q, k, v, **kw, block_size=16)
+    cotangent = torch.asarray(np.random.default_rng(2).normal(size=out.shape), dtype=out.dtype)
+    got = torch.autograd.grad(out, (q, k, v, bias), cotangent.to(device))
+    want = torch.autograd.grad(expected, (q, k, v, bias), cotangent.to(device))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.cpu().numpy(), w.cpu().numpy(), rtol=1e-4, atol=1e-5)

@@ -99,9 +99,15 @@ CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
     "inverse_frequencies": lambda xp, dev, dt: relattn.inverse_frequencies(
         4, dtype=dt, device=dev, xp=xp
     ),
+    # the frequencies; the attention factor is a Python float
+    "rope_frequencies[yarn]": lambda xp, dev, dt: relattn.rope_frequencies(
+        8, scaling="yarn", factor=4.0, original_max_position=64, dtype=dt, device=dev, xp=xp
+    )[0],
 }
 #: Creation functions whose result has the floating ``dtype`` they are given.
-FLOATING_CREATION = ("sinusoidal_position_encoding", "alibi_slopes", "inverse_frequencies")
+FLOATING_CREATION = (
+    "sinusoidal_position_encoding", "alibi_slopes", "inverse_frequencies", "rope_frequencies",
+)  # fmt: skip
 
 
 def _ring_call(b: Any, dt: str, q: Any, k: Any, v: Any, table: Any) -> Any:
