@@ -11,9 +11,11 @@ from ._config import config
 from .attention import masked_softmax, relative_attention, scaled_dot_product_attention
 from .biases import (
     alibi_slopes,
+    kerple_bias,
     log_bucket_position,
     relative_bias_matrix,
     relative_position_bucket,
+    sandwich_bias,
 )
 from .blocks import BlockState, attention_block, finish_block_state, merge_block_states
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
@@ -71,6 +73,7 @@ __all__ = [
     "finish_block_state",
     "forward_mask",
     "inverse_frequencies",
+    "kerple_bias",
     "local_p_weights",
     "local_window_mask",
     "location_scores",
@@ -94,6 +97,7 @@ __all__ = [
     "ring_attention",
     "rope_frequencies",
     "rotary_position_embedding",
+    "sandwich_bias",
     "scaled_dot_product_attention",
     "scaled_dot_product_scores",
     "shaw_attention",

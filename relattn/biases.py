@@ -7,7 +7,9 @@ functions take it unexpanded (``relative_bias=``), and
 T5 (Raffel et al. 2020) gathers the values from a learned table by bucket
 (:func:`relative_position_bucket`), DeBERTa-v2 indexes its tables by
 :func:`log_bucket_position`, and ALiBi (Press et al. 2022) multiplies the
-distance by a slope per head (:func:`alibi_slopes`).
+distance by a slope per head (:func:`alibi_slopes`). Kerple (Chi et al. 2022)
+and Sandwich (Chi et al. 2023) are functions of the distance itself
+(:func:`kerple_bias`, :func:`sandwich_bias`).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ import array_api_extra as xpx
 from . import _checks
 from ._namespace import device_of
 from ._typing import Array, Namespace
+from .encodings import _working_dtype
 from .problem import relative_width
 from .shift import shift
 
 __all__ = [
     "alibi_slopes",
+    "kerple_bias",
     "log_bucket_position",
     "relative_bias_matrix",
     "relative_position_bucket",
+    "sandwich_bias",
 ]
 
 
@@ -391,3 +396,176 @@ def alibi_slopes(
     slopes = [2.0 ** (-8.0 * h / power) for h in range(1, power + 1)]
     slopes += [2.0 ** (-8.0 * h / (2 * power)) for h in range(1, 2 * (heads - power), 2)]
     return xp.asarray(slopes, dtype=dtype, device=device)
+
+
+def kerple_bias(distances: Array, r1: Array, r2: Array, *, kind: str) -> Array:
+    """Kerple's per-head bias of each distance: ``-r1·log(1 + r2·|δ|)`` or ``-r1·|δ|^r2``.
+
+    Parameters
+    ----------
+    distances : array, integer dtype
+        ``δ = key position - query position``, any shape ``(...)``; e.g.
+        :func:`relative_distances` for one value per column of the relative
+        layout (the bias depends on ``|δ|`` only, so either sign convention
+        gives the same values).
+    r1, r2 : arrays of shape (H,), real floating
+        The learned parameters of each head: ``r1 > 0`` and ``r2 > 0``, and
+        ``r2 <= 2`` for the power form (the range where the kernel is
+        conditionally positive definite). Gradients reach both.
+    kind : {"log", "power"}
+        The logarithmic or the power variant.
+
+    Returns
+    -------
+    array of shape (H, ...), the promoted dtype of ``r1`` and ``r2``
+        ``out[h, ...] = -r1[h]·log(1 + r2[h]·|δ|)`` (``"log"``) or
+        ``-r1[h]·|δ|^r2[h]`` (``"power"``), ready for ``relative_bias=``.
+
+    Raises
+    ------
+    ValueError
+        If ``kind`` is neither ``"log"`` nor ``"power"``, or ``r1`` and ``r2``
+        are not both of shape ``(H,)``.
+    TypeError
+        If ``distances`` is not an integer array, ``r1`` or ``r2`` not a real
+        floating one, or they come from different libraries.
+
+    See Also
+    --------
+    sandwich_bias : Sandwich's bias, also a function of ``δ``.
+    relative_distances : ``δ`` of each column of the relative layout.
+    scaled_dot_product_attention : Takes the values as ``relative_bias=``.
+
+    Notes
+    -----
+    Chi et al. 2022 (KERPLE, NeurIPS), §4, the two practical choices of the
+    shift-invariant conditionally positive definite kernel ``k̃(m, n)`` added
+    to the scores: power ``-r1·|m - n|^r2`` (``r1 > 0``, ``0 < r2 <= 2``) and
+    logarithmic ``-r1·log(1 + r2·|m - n|)`` (``r1, r2 > 0``); the authors'
+    code computes the same with ``p = r1``, ``a = r2`` over the causal layout.
+    The parameters are not clipped to their ranges (the authors clamp them
+    after each step), with two exceptions that keep every value and gradient
+    finite: in the log form ``r2 < 0`` counts as ``0`` (no logarithm of a
+    negative number), and in the power form ``0^r2`` is ``0`` with zero
+    gradient (no ``0·log 0``). A bidirectional model uses the full layout.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> from relattn import kerple_bias, relative_distances
+    >>> d = relative_distances(1, 4, causal=True, xp=xp)            # [-3, -2, -1, 0]
+    >>> kerple_bias(d, xp.asarray([1.0]), xp.asarray([1.0]), kind="power")
+    array([[-3., -2., -1.,  0.]])
+    """
+    xp = _checks.namespace(distances=distances, r1=r1, r2=r2)
+    if not _checks.is_integer_dtype(xp, distances.dtype):
+        raise TypeError(
+            f"distances must be an integer array (relative positions), got dtype {distances.dtype}"
+        )
+    dtype = _checks.floating(xp, r1=r1, r2=r2)
+    kind = _checks.choice("kind", kind, ("log", "power"))
+    for name, r in (("r1", r1), ("r2", r2)):
+        if r.ndim != 1:
+            raise ValueError(f"{name} must have shape (H,), got shape {tuple(r.shape)}")
+    if r2.shape != r1.shape:
+        raise ValueError(
+            f"r2 must have the shape of r1, (H,) = {tuple(r1.shape)}, got shape {tuple(r2.shape)}"
+        )
+    r1 = _checks.cast(xp, r1, dtype)
+    r2 = _checks.cast(xp, r2, dtype)
+    delta = _checks.cast_integer(xp, distances)
+    device = device_of(r1)
+    heads = (r1.shape[0],) + (1,) * delta.ndim
+    scale = xp.reshape(r1, heads)
+    exponent = xp.reshape(r2, heads)
+    a = xp.abs(xp.astype(delta, dtype))[None, ...]
+    zero = xp.zeros((), dtype=dtype, device=device)
+    if kind == "log":
+        return zero - scale * xp.log1p(xp.maximum(exponent, zero) * a)
+    positive = a > 0
+    base = xp.where(positive, a, xp.ones((), dtype=dtype, device=device))
+    return zero - scale * xp.where(positive, xp.pow(base, exponent), zero)
+
+
+def sandwich_bias(
+    distances: Array, d_model: int, *, num_heads: int | None = None, dtype: Any = None
+) -> Array:
+    """Sandwich's bias: the inner product of two sinusoidal encodings, a function of ``δ``.
+
+    Parameters
+    ----------
+    distances : array, integer dtype
+        ``δ = key position - query position``, any shape ``(...)``; e.g.
+        :func:`relative_distances` (the bias is even in ``δ``).
+    d_model : int
+        ``d'``, the width of the sinusoidal encodings: even, ``>= 2``.
+    num_heads : int, optional
+        ``H``: one compressed bias per head (the authors' implementation).
+        ``None``: the inner product itself, one value per distance.
+    dtype : dtype, optional
+        Real floating dtype of the result (default: the library's default).
+
+    Returns
+    -------
+    array of shape (...) or (H, ...)
+        ``s(δ) = Σ_{k=1}^{d'/2} cos(δ / 10000^(2k/d'))`` (``num_heads=None``),
+        else ``out[h-1, ...] = (s(δ) - d'/2) / (8h/H)``, ``h = 1 … H``: zero at
+        ``δ = 0`` and negative elsewhere, compressed less in the later heads.
+
+    Raises
+    ------
+    ValueError
+        If ``d_model`` is odd or ``< 2``, or ``num_heads < 1``.
+    TypeError
+        If ``distances`` is not an integer array, ``d_model`` or ``num_heads``
+        not an integer, or ``dtype`` not a real floating dtype of the library.
+
+    See Also
+    --------
+    kerple_bias : Kerple's learned bias of ``|δ|``.
+    sinusoidal_position_encoding : The encodings whose inner product this is.
+    scaled_dot_product_attention : Takes the values as ``relative_bias=``.
+
+    Notes
+    -----
+    Chi et al. 2023 (ACL), §5, Sandwich: the inner product of the sinusoidal
+    encodings of positions ``m`` and ``n``, ``p_mᵀ p_n = Σ_{k=1}^{d'/2}
+    cos((m - n) / 10000^(2k/d'))``, added to the scores with no learned
+    parameter; the sum starts at ``k = 1``, as in the paper and in NeMo's
+    ``SandwichRelativePositionEmbedding``. The per-head form is NeMo's (written
+    with the authors): minus ``d'/2``, divided by ``8h/H``. Both the shift and
+    the compression change each head's scores by a constant or a factor; the
+    shift leaves the weights as they are. The angles are formed in float64
+    where the device has it, then cast to ``dtype``.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> from relattn import sandwich_bias
+    >>> d = xp.asarray([-300, -100, 0])
+    >>> sandwich_bias(d, 4).round(4)                  # cos(δ/100) + cos(δ/10⁴)
+    array([0.0096, 1.5403, 2.    ])
+    >>> sandwich_bias(d, 4, num_heads=2).round(4)     # (s - 2) / 4, (s - 2) / 8
+    array([[-0.4976, -0.1149,  0.    ],
+           [-0.2488, -0.0575,  0.    ]])
+    """
+    xp = _distances(distances)
+    d_model = _checks.length("d_model", d_model, minimum=2)
+    if d_model % 2:
+        raise ValueError(f"d_model must be even (sine and cosine pairs), got {d_model}")
+    heads = None if num_heads is None else _checks.length("num_heads", num_heads)
+    device = device_of(distances)
+    dtype = (
+        xpx.default_dtype(xp, device=device) if dtype is None else _checks.dtype("dtype", dtype, xp)
+    )
+    work = _working_dtype(xp, device)
+    frequencies = [10000.0 ** (-2.0 * k / d_model) for k in range(1, d_model // 2 + 1)]
+    omega = xp.asarray(frequencies, dtype=work, device=device)
+    angles = xp.astype(distances, work)[..., None] * omega
+    inner = xp.sum(xp.cos(angles), axis=-1)
+    if heads is None:
+        return xp.astype(inner, dtype)
+    shape = (heads,) + (1,) * distances.ndim
+    compression = [8.0 * h / heads for h in range(1, heads + 1)]
+    ratio = xp.reshape(xp.asarray(compression, dtype=work, device=device), shape)
+    return xp.astype((inner[None, ...] - d_model / 2) / ratio, dtype)

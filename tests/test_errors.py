@@ -1010,6 +1010,21 @@ SIGNATURES: dict[str, Signature] = {
         empty={"W=0": ({"distances": (0,)}, (0,))},
         zero_d_ok=("distances",),
     ),
+    "kerple_bias": Signature(
+        lambda a: relattn.kerple_bias(a["distances"], a["r1"], a["r2"], kind="power"),
+        {"distances": ((7,), "i"), "r1": ((2,), "f"), "r2": ((2,), "f")},
+        empty={
+            "W=0": ({"distances": (0,)}, (2, 0)),
+            "heads=0": ({"r1": (0,), "r2": (0,)}, (0, 7)),
+        },
+        zero_d_ok=("distances",),
+    ),
+    "sandwich_bias": Signature(
+        lambda a: relattn.sandwich_bias(a["distances"], 8, num_heads=2),
+        {"distances": ((7,), "i")},
+        empty={"W=0": ({"distances": (0,)}, (2, 0))},
+        zero_d_ok=("distances",),
+    ),
     "rotary_position_embedding": Signature(
         lambda a: relattn.rotary_position_embedding(
             a["x"], a.get("positions"), layout="interleaved", frequencies=a.get("frequencies")

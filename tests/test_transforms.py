@@ -371,6 +371,18 @@ CASES.update(
             lambda r: (np.arange(-40, 41),),
             lambda b, dt, d: relattn.log_bucket_position(d, bucket_size=8, max_position=32),
         ),
+        "kerple_bias[log]": Case(
+            lambda r: (np.arange(-6, 7), r.uniform(0.5, 2, 3), r.uniform(0.5, 2, 3)),
+            lambda b, dt, d, r1, r2: relattn.kerple_bias(d, r1, r2, kind="log"),
+        ),
+        "kerple_bias[power]": Case(
+            lambda r: (np.arange(-6, 1), r.uniform(0.5, 2, 3), r.uniform(0.2, 2, 3)),
+            lambda b, dt, d, r1, r2: relattn.kerple_bias(d, r1, r2, kind="power"),
+        ),
+        "sandwich_bias": Case(
+            lambda r: (np.arange(-40, 41),),
+            lambda b, dt, d: relattn.sandwich_bias(d, 16, num_heads=4, dtype=b.dtype(dt)),
+        ),
         "rotary_position_embedding": Case(
             lambda r: (_normal(r, 2, 5, 8), np.array([3.0, 4.0, 5.0, 6.0, 7.0])),
             lambda b, dt, x, p: relattn.rotary_position_embedding(x, p, layout="interleaved"),
