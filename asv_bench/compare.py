@@ -565,16 +565,21 @@ def torch_gpu_cases(backend: Target, length: int, dtype: str):
             what = f"{scheme} {'fwd+bwd' if backward else 'fwd'}"
             yield what, baseline, functools.partial(pair, make, backward), target, None
 
-    def transformer_xl() -> Pair:
-        a = gpu_arrays(backend, "transformer-xl", length, dtype)
-        args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
-        u, w = a["content_bias"], a["position_bias"]
-        ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
-                                 position_bias=w, causal=True)  # fmt: skip
-        theirs = functools.partial(native.torch_relative_attention, *args, u, w)
-        return Pair(ours, theirs)
-
+    transformer_xl = functools.partial(
+        _transformer_xl_pair, backend, length, dtype, native.torch_relative_attention
+    )
     yield "Transformer-XL causal fwd", "the authors' rel_shift code", transformer_xl, 1.0, 0.1
+
+
+def _transformer_xl_pair(backend: Target, length: int, dtype: str, theirs: Any) -> Pair:
+    """Causal Transformer-XL attention: relattn's call against ``theirs(q, k, v, table, u,
+    v)`` (the same terms written natively), on the GPU case's arrays."""
+    a = gpu_arrays(backend, "transformer-xl", length, dtype)
+    args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
+    u, w = a["content_bias"], a["position_bias"]
+    ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
+                             position_bias=w, causal=True)  # fmt: skip
+    return Pair(ours, functools.partial(theirs, *args, u, w))
 
 
 def _jax_program_bytes(jitted: Callable[..., Any], *args: Any) -> int:
@@ -612,15 +617,8 @@ def cupy_gpu_cases(backend: Target, length: int, dtype: str):
     """Causal Transformer-XL: relattn against the same written directly in CuPy (the
     NumPy pad-and-reshape code on ``cupy``, ``native.numpy_relative_attention``)."""
 
-    def pair() -> Pair:
-        a = gpu_arrays(backend, "transformer-xl", length, dtype)
-        args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
-        u, w = a["content_bias"], a["position_bias"]
-        ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
-                                 position_bias=w, causal=True)  # fmt: skip
-        theirs = functools.partial(native.native("relative_attention", backend), *args, u, w)
-        return Pair(ours, theirs)
-
+    theirs = native.native("relative_attention", backend)
+    pair = functools.partial(_transformer_xl_pair, backend, length, dtype, theirs)
     yield "Transformer-XL causal fwd", "the same written in CuPy", pair, 1.0, 0.1
 
 

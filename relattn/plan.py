@@ -51,8 +51,11 @@ from .problem import Problem
 __all__ = [
     "BLOCK_SIZES",
     "CPU_BUDGET",
+    "Explaining",
     "Plan",
+    "Planned",
     "block_sizes",
+    "choose",
     "dense_peak_bytes",
     "device_budget",
     "device_kind",
@@ -527,6 +530,3 @@ def explain(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Plan:
     finally:
         Explaining.active = saved
     raise ValueError(f"{getattr(function, '__name__', function)!r} ran no attention to plan")
-
-
-__all__ += ["Explaining", "Planned", "choose"]
