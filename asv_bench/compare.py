@@ -628,16 +628,21 @@ GPU_CASES = {"torch": torch_gpu_cases, "jax": jax_gpu_cases, "cupy": cupy_gpu_ca
 
 
 def _release(backend: Target) -> None:
-    """Give the device's cached blocks back after a case (the next may need them)."""
+    """Give the device's cached blocks back after a case (the next may need them).
+
+    After a kernel's fault (CUDA's errors are sticky: every later call in the process
+    raises it again) there is nothing to give back: the error is left to the next
+    case, whose row reports it, so that the rows measured so far are still printed."""
     import gc
 
     gc.collect()
-    if backend.library == "torch" and backend.gpu:
-        import torch
+    with contextlib.suppress(Exception):
+        if backend.library == "torch" and backend.gpu:
+            import torch
 
-        torch.cuda.empty_cache()
-    elif backend.library == "cupy":
-        backend.lib.get_default_memory_pool().free_all_blocks()
+            torch.cuda.empty_cache()
+        elif backend.library == "cupy":
+            backend.lib.get_default_memory_pool().free_all_blocks()
 
 
 def _error(e: BaseException) -> str:
@@ -737,8 +742,11 @@ def gpu(names: list[str], repeats: int, lengths: tuple[int, ...] = GPU_LENGTHS,
                 ):
                     print(f"gpu: {name} {what}, L={length} {dtype} / {baseline}",
                           file=sys.stderr, flush=True)  # fmt: skip
-                    rows += gpu_case(name, what, baseline, make, tuple(targets), length, dtype,
-                                     repeats)  # fmt: skip
+                    measured = gpu_case(name, what, baseline, make, tuple(targets), length,
+                                        dtype, repeats)  # fmt: skip
+                    for row in measured:  # as it comes: a run cut short keeps its rows
+                        print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+                    rows += measured
     return rows
 
 

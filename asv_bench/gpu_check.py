@@ -21,6 +21,13 @@ It exits non-zero if a test fails, or if no GPU library finds a device.
 ``--length`` and ``--dtype`` narrow the benchmark's sizes (``--length 4096 --dtype
 bfloat16`` for a first look).
 
+Each phase has a time limit (``--test-seconds``, ``--bench-seconds``; together
+they fit a 6-minute device call). At its limit a phase is interrupted as Ctrl-C
+would: pytest then still prints its summary (every failure by name, and the 25
+slowest tests, to size the next run), and the benchmark has printed each row as
+it was measured. On an H200 the whole GPU suite (about 5 100 tests with 8
+workers) needs more than 9 minutes: the limit cuts it, and what ran is reported.
+
 A GPU machine often has torch, jax, cupy, numpy, pytest, pytest-xdist and
 hypothesis, but not ``array-api-compat``, ``array-api-extra`` or
 ``array-api-strict``. Bring those as wheels; they are pure Python
@@ -40,6 +47,7 @@ import argparse
 import collections
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,8 +97,8 @@ def suite_command(targets: list[str], report: Path) -> list[str]:
     workers = max(1, (os.cpu_count() or 2) // 2)
     return [
         sys.executable, "-m", "pytest", str(ROOT / "tests"), "-q", "-p", "no:cacheprovider",
-        "-n", str(workers), "--dist", "load", "-m", "not subprocess",
-        "-k", " or ".join(targets), f"--junitxml={report}",
+        "-n", str(workers), "--dist", "load", "-p", "no:benchmark", "-m", "not subprocess",
+        "-k", " or ".join(targets), f"--junitxml={report}", "-rfE", "--durations=25",
     ]  # fmt: skip
 
 
@@ -107,6 +115,24 @@ def bench_command(
     for dtype in dtypes or ():
         command += ["--gpu-dtype", dtype]
     return command
+
+
+def run_for(command: list[str], seconds: float, env: dict[str, str]) -> int:
+    """Run ``command``; at ``seconds`` interrupt it as Ctrl-C would (its own process
+    group, so pytest's workers stop too), so that it prints what it has; kill it if it
+    has not stopped 30 s later. The exit code, or 124 where it was interrupted."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        print(f"\n[gpu_check] {seconds:.0f} s passed: interrupting", flush=True)
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return 124
 
 
 def per_target(report: Path, targets: list[str]) -> dict[str, collections.Counter]:
@@ -141,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=("bfloat16", "float16", "float32"),
         help="the benchmark's dtypes (repeatable; default bfloat16, float32)",
     )
+    parser.add_argument(
+        "--test-seconds", type=float, default=210.0, help="the tests' time limit (default 210)"
+    )
+    parser.add_argument(
+        "--bench-seconds",
+        type=float,
+        default=120.0,
+        help="the benchmark's time limit (default 120)",
+    )
     args = parser.parse_args(argv)
     found = devices()
     for name in TARGETS:
@@ -164,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(bench))
             return 0
         print(f"running the GPU targets' tests: {' '.join(targets)}", flush=True)
-        done = subprocess.run(tests, cwd=ROOT, env=env, check=False)
+        code = run_for(tests, args.test_seconds, env)
         counts = per_target(report, targets) if report.exists() else {}
     print("\n| target | passed | failed | skipped |\n|---|---|---|---|")
     for name, c in counts.items():
         print(f"| {name} | {c['passed']} | {c['failed']} | {c['skipped']} |")
     print("\nGPU benchmark rows:", flush=True)
-    subprocess.run(bench, cwd=ROOT, env=env, check=False)
-    return 0 if done.returncode == 0 else 1
+    run_for(bench, args.bench_seconds, env)
+    return 0 if code == 0 else 1
 
 
 if __name__ == "__main__":

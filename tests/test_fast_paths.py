@@ -425,3 +425,40 @@ def test_constants_made_under_inference_mode_serve_autograd(torch_backend, rng):
         leaf = q.clone().requires_grad_(True)
         relattn.relative_attention(leaf, k, v, table, block_size=block_size).pow(2).sum().backward()
         assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+
+
+def test_sdpa_gets_a_mask_starting_on_16_elements(torch_backend, monkeypatch, rng):
+    """Transformer-XL's bias reaches SDPA as ``rel_shift``'s strided view, which starts
+    mid-vector; SDPA's memory-efficient CUDA kernel stops on it ("misaligned address",
+    seen on an H200 in bfloat16). relattn hands SDPA an aligned copy, broadcast
+    dimensions kept."""
+    import torch
+    import torch.nn.functional as F
+
+    from relattn.backends._torch import aligned_mask
+
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kwargs):
+        seen.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    lq, d = 13, 8
+    q, k, v = (torch.as_tensor(rng.normal(size=(2, 3, lq, d))) for _ in range(3))
+    table = torch.as_tensor(rng.normal(size=(lq, d)))
+    with relattn.config.override(path="fused"):
+        got = relattn.relative_attention(q, k, v, table, causal=True)
+    with relattn.config.override(path="dense"):
+        want = relattn.relative_attention(q, k, v, table, causal=True)
+    torch_backend.assert_close(got, want, "float64")
+    (mask,) = seen
+    assert mask.storage_offset() % 16 == 0
+
+    view = torch.randn(2, 1, 9, 22, dtype=torch.bfloat16)[..., 1:12].expand(2, 4, 9, 11)
+    copy = aligned_mask(view)
+    assert torch.equal(copy, view) and copy.stride(1) == 0  # the broadcast stays one
+    assert copy.storage_offset() == 0
+    aligned = torch.randn(2, 1, 9, 24)[..., 16:]
+    assert aligned_mask(aligned) is aligned

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,29 @@ def test_the_suite_command_selects_the_gpu_targets(tmp_path):
     marker = len(command) - 1 - command[::-1].index("-m")  # after "python -m pytest"
     assert command[marker + 1] == "not subprocess"
     assert f"--junitxml={tmp_path / 'r.xml'}" in command
+
+
+def test_the_suite_command_leaves_out_pytest_benchmark():
+    """GPU images carry pytest-benchmark, whose warning under xdist is an error here."""
+    command = gpu_check.suite_command(["torch_cuda"], Path("r.xml"))
+    assert ("-p", "no:benchmark") in list(itertools.pairwise(command))
+
+
+def test_a_phase_past_its_limit_is_interrupted_and_prints_what_it_has(tmp_path):
+    """At its limit a phase gets Ctrl-C, so pytest prints its summary; code 124."""
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import sys, time\n"
+        "try:\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    open(sys.argv[1], 'w').write('summary')\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out.txt"
+    code = gpu_check.run_for([sys.executable, str(script), str(out)], 2.0, dict(os.environ))
+    assert code == 124
+    assert out.read_text(encoding="utf-8") == "summary"
+    assert gpu_check.run_for([sys.executable, "-c", "pass"], 30.0, dict(os.environ)) == 0
 
 
 def test_report_counts_per_target(tmp_path):

@@ -85,6 +85,8 @@ def fused_attention(
         attn_mask = mask
     else:
         attn_mask = torch.where(mask, bias, -math.inf)
+    if attn_mask is not None:
+        attn_mask = aligned_mask(attn_mask)
     lq, lk = q.shape[-2], k.shape[-2]
     if causal and lq != lk:
         from torch.nn.attention.bias import causal_lower_right
@@ -96,6 +98,22 @@ def fused_attention(
     if mask is not None:
         out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
     return out
+
+
+def aligned_mask(attn_mask: Any) -> Any:
+    """``attn_mask`` starting on a 16-element boundary of its storage.
+
+    SDPA's memory-efficient CUDA kernel reads the mask in vectors: torch pads a mask
+    whose strides are not multiples of 16 elements, but does not look at where a view
+    starts, and one starting mid-vector (``rel_shift``'s strided view of a padded
+    buffer) stops the kernel with "misaligned address" (seen on an H200 in bfloat16).
+    Such a view is copied; broadcast dimensions (stride 0) stay broadcast, so the copy
+    is no larger than the data the view holds.
+    """
+    if attn_mask.storage_offset() % 16 == 0:
+        return attn_mask
+    lead = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in attn_mask.stride()[:-2])
+    return attn_mask[lead].contiguous().expand(attn_mask.shape)
 
 
 def _needs_grad(arrays: tuple[Any, ...]) -> bool:
