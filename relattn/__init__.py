@@ -19,9 +19,25 @@ from .biases import (
 )
 from .blocks import BlockState, attention_block, finish_block_state, merge_block_states
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
+from .decomposed import (
+    decomposed_relative_attention,
+    decomposed_relative_terms,
+    resize_relative_table,
+)
 from .disan import multi_dimensional_attention, source2token_attention
 from .disentangled import disentangled_attention
 from .encodings import inverse_frequencies, sinusoidal_position_encoding
+from .grid import (
+    continuous_position_bias,
+    continuous_position_coordinates,
+    grid_bias_mod,
+    grid_positions,
+    grid_relative_bias,
+    grid_relative_index,
+    shifted_window_mask,
+    window_merge,
+    window_partition,
+)
 from .heads import merge_heads, split_heads
 from .local import local_p_weights, predicted_positions
 from .masks import (
@@ -65,13 +81,21 @@ __all__ = [
     "complex_linear",
     "complex_order_embedding",
     "config",
+    "continuous_position_bias",
+    "continuous_position_coordinates",
     "cosine_scores",
+    "decomposed_relative_attention",
+    "decomposed_relative_terms",
     "diagonal_disabled_mask",
     "disentangled_attention",
     "dot_product_scores",
     "explain",
     "finish_block_state",
     "forward_mask",
+    "grid_bias_mod",
+    "grid_positions",
+    "grid_relative_bias",
+    "grid_relative_index",
     "inverse_frequencies",
     "kerple_bias",
     "local_p_weights",
@@ -94,6 +118,7 @@ __all__ = [
     "relative_positions",
     "relative_scores",
     "relative_table",
+    "resize_relative_table",
     "ring_attention",
     "rope_frequencies",
     "rotary_position_embedding",
@@ -101,9 +126,12 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_product_scores",
     "shaw_attention",
+    "shifted_window_mask",
     "sinusoidal_position_encoding",
     "source2token_attention",
     "split_heads",
     "stop_gradient",
     "update_memory",
+    "window_merge",
+    "window_partition",
 ]

@@ -175,6 +175,18 @@ SETTINGS = frozenset({"config", "explain"})
 #: Public name -> its capabilities.
 CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(
     {
+        "decomposed_relative_attention": Capabilities(blockwise=True),
+        "decomposed_relative_terms": Capabilities(),
+        "resize_relative_table": Capabilities(),
+        "continuous_position_bias": Capabilities(),
+        "continuous_position_coordinates": _creation("real floating"),
+        "grid_bias_mod": Capabilities(),
+        "grid_positions": _creation("integral"),
+        "grid_relative_bias": Capabilities(),
+        "grid_relative_index": _creation("integral"),
+        "shifted_window_mask": _creation("bool"),
+        "window_merge": Capabilities(dtypes=_ANY),
+        "window_partition": Capabilities(dtypes=_ANY),
         "BlockState": Capabilities(blockwise=True),
         "additive_scores": Capabilities(),
         "alibi_slopes": _creation("real floating"),

@@ -315,7 +315,7 @@ def test_top_level_help_describes_the_demo():
     done = cli("--help")
     assert done.returncode == 0, done.stderr
     out = " ".join(done.stdout.split())  # help text is wrapped
-    assert "ten position schemes" in out
+    assert "twelve position schemes" in out
     assert f"({', '.join(SCHEMES)})" in out
     assert "NumPy float64" in out and "naive twin" in out
     assert "Transformer-XL encoder" not in out
@@ -327,7 +327,7 @@ def test_demo_help_lists_schemes_backends_and_flags():
     out = " ".join(done.stdout.split())
     assert list(SCHEMES) == [
         *("absolute", "shaw", "xl", "tener", "complex", "disan"),
-        *("t5", "alibi", "rope", "deberta"),
+        *("t5", "alibi", "rope", "deberta", "swin", "sam"),
     ]
     unwrapped = "".join(done.stdout.split())  # argparse may also wrap after a hyphen
     for scheme, model in SCHEMES.items():

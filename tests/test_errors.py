@@ -724,6 +724,10 @@ def test_xp_not_matching_positions(first, second):
 # --------------------------------------------------------------------------------------------
 
 CREATION = {
+    "grid_positions": lambda xp: relattn.grid_positions(2, 3, xp=xp),
+    "grid_relative_index": lambda xp: relattn.grid_relative_index(2, 3, xp=xp),
+    "shifted_window_mask": lambda xp: relattn.shifted_window_mask(4, 4, 2, 1, xp=xp),
+    "continuous_position_coordinates": lambda xp: relattn.continuous_position_coordinates(3, xp=xp),
     "sinusoidal_position_encoding": lambda xp: relattn.sinusoidal_position_encoding(3, 4, xp=xp),
     "relative_distances": lambda xp: relattn.relative_distances(2, 3, xp=xp),
     "relative_positions": lambda xp: relattn.relative_positions(2, 3, xp=xp),
@@ -821,11 +825,66 @@ _ATTENTION_OPTIONAL = {
 }
 
 
+def _grid_mod_call(table: Any) -> Any:
+    """grid_bias_mod's score_mod run blockwise over a 3×2 grid, q = k = v from the table."""
+    mod = relattn.grid_bias_mod(table, 3, 2)
+    x = table[None, :, :6, None]  # (1, H, 6, 1)
+    return relattn.scaled_dot_product_attention(x, x, x, score_mod=mod, block_size=4)
+
+
 def _full(lq: int, lk: int) -> int:
     return lq + lk - 1
 
 
 SIGNATURES: dict[str, Signature] = {
+    "decomposed_relative_attention": Signature(
+        lambda a: relattn.decomposed_relative_attention(
+            a["q"], a["k"], a["v"], a["table_h"], a["table_w"], query_grid=(2, 3), key_grid=(1, 2)
+        ),
+        {
+            "q": ((2, 6, 4), "f"),
+            "k": ((2, 2, 4), "f"),
+            "v": ((2, 2, 2), "f"),
+            "table_h": ((3, 4), "f"),
+            "table_w": ((5, 4), "f"),
+        },
+        empty={"batch=0": ({"q": (0, 6, 4), "k": (0, 2, 4), "v": (0, 2, 2)}, (0, 6, 2))},
+    ),
+    "decomposed_relative_terms": Signature(
+        lambda a: relattn.decomposed_relative_terms(
+            a["q"], a["table_h"], a["table_w"], (2, 3), (1, 2)
+        )[0],
+        {"q": ((2, 6, 4), "f"), "table_h": ((3, 4), "f"), "table_w": ((5, 4), "f")},
+        empty={"batch=0": ({"q": (0, 6, 4)}, (0, 6, 1))},
+    ),
+    "resize_relative_table": Signature(
+        lambda a: relattn.resize_relative_table(a["table"], 5),
+        {"table": ((3, 4), "f")},
+        empty={"d=0": ({"table": (3, 0)}, (5, 0))},
+    ),
+    "grid_relative_bias": Signature(
+        lambda a: relattn.grid_relative_bias(a["table"], 3, 2),
+        {"table": ((2, 15), "f")},
+        empty={"heads=0": ({"table": (0, 15)}, (0, 6, 6))},
+    ),
+    "grid_bias_mod": Signature(lambda a: _grid_mod_call(a["table"]), {"table": ((2, 15), "f")}),
+    "window_partition": Signature(
+        lambda a: relattn.window_partition(a["x"], 2),
+        {"x": ((2, 4, 4, 3), "f")},
+        empty={"batch=0": ({"x": (0, 4, 4, 3)}, (0, 4, 3))},
+        any_dtype=("x",),
+    ),
+    "window_merge": Signature(
+        lambda a: relattn.window_merge(a["windows"], 2, 4, 4),
+        {"windows": ((8, 4, 3), "f")},
+        empty={"batch=0": ({"windows": (0, 4, 3)}, (0, 4, 4, 3))},
+        any_dtype=("windows",),
+    ),
+    "continuous_position_bias": Signature(
+        lambda a: relattn.continuous_position_bias(a["values"], 3, 2),
+        {"values": ((2, 15), "f")},
+        empty={"heads=0": ({"values": (0, 15)}, (0, 6, 6))},
+    ),
     "scaled_dot_product_attention": Signature(
         lambda a: relattn.scaled_dot_product_attention(
             a["q"],
@@ -1183,6 +1242,10 @@ OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attenti
 
 #: Public functions without array arguments: they take ``xp=`` (see CREATION above).
 NO_ARRAYS = {
+    "continuous_position_coordinates",
+    "grid_positions",
+    "grid_relative_index",
+    "shifted_window_mask",
     "alibi_slopes",
     "backward_mask",
     "causal_mask",

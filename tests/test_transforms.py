@@ -80,6 +80,16 @@ def _complex_attention(order: tuple[Any, ...], mask: Any, **variant: Any) -> Any
 
 #: Creation functions: ``f(xp, device, dtype)``, ``dtype`` the library's floating dtype.
 CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "grid_positions": lambda xp, dev, dt: relattn.grid_positions(2, 3, xp=xp, device=dev),
+    "grid_relative_index[class_token]": lambda xp, dev, dt: relattn.grid_relative_index(
+        2, 3, class_token=True, xp=xp, device=dev
+    ),
+    "shifted_window_mask": lambda xp, dev, dt: relattn.shifted_window_mask(
+        4, 6, 2, 1, xp=xp, device=dev
+    ),
+    "continuous_position_coordinates": lambda xp, dev, dt: relattn.continuous_position_coordinates(
+        (2, 3), pretrained_window=4, dtype=dt, device=dev, xp=xp
+    ),
     "sinusoidal_position_encoding[count]": lambda xp, dev, dt: relattn.sinusoidal_position_encoding(
         5, 6, dtype=dt, device=dev, xp=xp
     ),
@@ -106,6 +116,7 @@ CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
 }
 #: Creation functions whose result has the floating ``dtype`` they are given.
 FLOATING_CREATION = (
+    "continuous_position_coordinates",
     "sinusoidal_position_encoding", "alibi_slopes", "inverse_frequencies", "rope_frequencies",
 )  # fmt: skip
 
@@ -153,6 +164,71 @@ def _creation_case(make: Callable[[Any, Any, Any], Any]) -> Case:
 CASES: dict[str, Case] = {name: _creation_case(make) for name, make in CREATION.items()}
 CASES.update(
     {
+        "decomposed_relative_attention": Case(
+            lambda r: (
+                _normal(r, 2, 6, 4),
+                _normal(r, 2, 2, 4),
+                _normal(r, 2, 2, 3),
+                _normal(r, 3, 4),
+                _normal(r, 5, 4),
+            ),
+            lambda b, dt, q, k, v, th, tw: relattn.decomposed_relative_attention(
+                q, k, v, th, tw, query_grid=(2, 3), key_grid=(1, 2), block_size=4
+            ),
+        ),
+        "decomposed_relative_attention[dense]": Case(
+            lambda r: (
+                _normal(r, 2, 6, 4),
+                _normal(r, 2, 2, 4),
+                _normal(r, 2, 2, 3),
+                _normal(r, 3, 4),
+                _normal(r, 5, 4),
+            ),
+            lambda b, dt, q, k, v, th, tw: relattn.decomposed_relative_attention(
+                q, k, v, th, tw, query_grid=(2, 3), key_grid=(1, 2)
+            ),
+        ),
+        "decomposed_relative_terms": Case(
+            lambda r: (_normal(r, 2, 6, 4), _normal(r, 3, 4), _normal(r, 5, 4)),
+            lambda b, dt, q, th, tw: (lambda h, w: h[..., :1] + w[..., :1])(
+                *relattn.decomposed_relative_terms(q, th, tw, (2, 3), (1, 2))
+            ),
+        ),
+        "resize_relative_table": Case(
+            lambda r: (_normal(r, 3, 4),),
+            lambda b, dt, t: relattn.resize_relative_table(t, 7),
+        ),
+        "grid_relative_bias": Case(
+            lambda r: (_normal(r, 3, 15),),
+            lambda b, dt, t: relattn.grid_relative_bias(t, 3, 2),
+        ),
+        "grid_relative_bias[class_token]": Case(
+            lambda r: (_normal(r, 2, 28),),
+            lambda b, dt, t: relattn.grid_relative_bias(t, 3, 3, class_token=True),
+        ),
+        "grid_bias_mod": Case(
+            lambda r: (
+                _normal(r, 2, 2, 7, 4),
+                _normal(r, 2, 2, 7, 4),
+                _normal(r, 2, 2, 7, 3),
+                _normal(r, 2, 18),
+            ),
+            lambda b, dt, q, k, v, t: relattn.scaled_dot_product_attention(
+                q, k, v, score_mod=relattn.grid_bias_mod(t, 2, 3, class_token=True), block_size=4
+            ),
+        ),
+        "window_partition": Case(
+            lambda r: (_normal(r, 2, 4, 6, 3),),
+            lambda b, dt, x: relattn.window_partition(x, (2, 3)),
+        ),
+        "window_merge": Case(
+            lambda r: (_normal(r, 8, 6, 3),),
+            lambda b, dt, w: relattn.window_merge(w, (2, 3), 4, 6),
+        ),
+        "continuous_position_bias": Case(
+            lambda r: (_normal(r, 3, 15),),
+            lambda b, dt, v: relattn.continuous_position_bias(v, 2, 3),
+        ),
         "sinusoidal_position_encoding[array]": Case(
             lambda r: (np.array([-3.0, -1.5, 0.0, 2.0, 7.0]),),
             lambda b, dt, p: relattn.sinusoidal_position_encoding(p, 6, layout="concatenated"),
@@ -921,7 +997,7 @@ def test_creation_returns_callers_library(backend, form, name):
     info = backend.xp.__array_namespace_info__()
     if name.partition("[")[0] in FLOATING_CREATION:
         assert out.dtype == dt
-    elif name.startswith("relative_"):
+    elif name.startswith(("relative_", "grid_")):
         assert out.dtype == info.default_dtypes(device=backend.device)["integral"]
     else:
         assert out.dtype == backend.xp.bool

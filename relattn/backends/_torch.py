@@ -108,9 +108,13 @@ def aligned_mask(attn_mask: Any) -> Any:
     starts, and one starting mid-vector (``rel_shift``'s strided view of a padded
     buffer) stops the kernel with "misaligned address" (seen on an H200 in bfloat16).
     Such a view is copied; broadcast dimensions (stride 0) stay broadcast, so the copy
-    is no larger than the data the view holds.
+    is no larger than the data the view holds. A compiled call is left to Inductor.
     """
-    if attn_mask.storage_offset() % 16 == 0:
+    import torch
+
+    # Under torch.compile Inductor lays the mask out itself (and Dynamo cannot trace
+    # storage_offset).
+    if torch.compiler.is_compiling() or attn_mask.storage_offset() % 16 == 0:
         return attn_mask
     lead = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in attn_mask.stride()[:-2])
     return attn_mask[lead].contiguous().expand(attn_mask.shape)

@@ -23,9 +23,11 @@ from ..attention import relative_attention, scaled_dot_product_attention
 from ..biases import alibi_slopes, log_bucket_position, relative_position_bucket
 from ..complex_order import complex_attention, complex_linear, complex_order_embedding
 from ..core import softmax
+from ..decomposed import decomposed_relative_attention, resize_relative_table
 from ..disan import multi_dimensional_attention
 from ..disentangled import disentangled_attention
 from ..encodings import sinusoidal_position_encoding
+from ..grid import grid_bias_mod
 from ..heads import merge_heads, split_heads
 from ..masks import causal_mask
 from ..memory import update_memory
@@ -603,6 +605,113 @@ class DebertaEncoder(Encoder):
         return softmax((c2c + c2p + p2c) / math.sqrt(3 * q.shape[-1]), None, -1, xp) @ v
 
 
+#: The demo's image-like grid: a segment's tokens row-major, this many to a row.
+GRID_WIDTH = 8
+
+
+def grid_shape(length: int) -> tuple[int, int]:
+    """``(rows, GRID_WIDTH)`` covering ``length`` tokens (the last row may be short)."""
+    return -(-length // GRID_WIDTH), GRID_WIDTH
+
+
+def grid_pair_index(length: int, table_rows: int) -> np.ndarray:
+    """Swin's table entry of every ``(i, j)`` pair, on the host: ``(L, L)`` ints.
+
+    Token ``t`` sits at ``divmod(t, GRID_WIDTH)``; the table has ``table_rows`` rows of
+    ``2·GRID_WIDTH − 1`` column distances, row distance 0 in its middle row.
+    """
+    rows, cols = np.divmod(np.arange(length), GRID_WIDTH)
+    centre = (table_rows - 1) // 2
+    index = np.empty((length, length), dtype=np.int64)
+    for i in range(length):
+        for j in range(length):
+            index[i, j] = (rows[i] - rows[j] + centre) * (2 * GRID_WIDTH - 1) + (
+                cols[i] - cols[j] + GRID_WIDTH - 1
+            )
+    return index
+
+
+class SwinEncoder(Encoder):
+    """Liu et al. 2021 (Swin), Bao et al. 2022 (BEiT): a learned bias per head over the
+    2-D relative positions ``(Δrow, Δcol)`` of the segment laid out as an image."""
+
+    name = "swin"
+    description = "Swin/BEiT: learned bias per head and 2-D distance, segment as an 8-wide grid"
+
+    @staticmethod
+    def init_weights(config: Config) -> dict[str, Any]:
+        rows = 2 * grid_shape(config.segment)[0] - 1
+
+        def table(rng: np.random.Generator) -> dict[str, np.ndarray]:
+            return {"bias_table": rng.normal(size=(config.heads, rows * (2 * GRID_WIDTH - 1)))}
+
+        return transformer_weights(config, extra=table)
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp, length = self.xp, h.shape[-2]
+        q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
+        table = p["bias_table"]  # (H, (2·rows − 1)(2·width − 1)), row distances ascending
+        stored = 2 * grid_shape(self.config.segment)[0] - 1
+        height = grid_shape(length)[0]
+        if not naive:
+            # a shorter segment's grid has fewer row distances: the table's middle rows
+            first = (stored - (2 * height - 1)) // 2 * (2 * GRID_WIDTH - 1)
+            rows = table[:, first : first + (2 * height - 1) * (2 * GRID_WIDTH - 1)]
+            mod = grid_bias_mod(rows, height, GRID_WIDTH)
+            return scaled_dot_product_attention(q, k, v, score_mod=mod)
+        # The (H, L, L) bias gathered pair by pair from the whole table.
+        index = xp.asarray(np.reshape(grid_pair_index(length, stored), (-1,)), device=self.device)
+        bias = xp.reshape(xp.take(table, index, axis=1), (table.shape[0], length, length))
+        scores = q @ xp.matrix_transpose(k) / math.sqrt(q.shape[-1]) + bias
+        return softmax(scores, None, -1, xp) @ v
+
+
+def full_grid(length: int) -> tuple[int, int]:
+    """``(rows, cols)`` with ``rows·cols = length``: ``GRID_WIDTH`` columns where they
+    divide the segment, else the widest that does."""
+    cols = max(c for c in range(1, GRID_WIDTH + 1) if length % c == 0)
+    return length // cols, cols
+
+
+class DecomposedEncoder(Encoder):
+    """Li et al. 2022 (MViTv2), Kirillov et al. 2023 (SAM): ``q_i·Rʰ[Δrow] + q_i·Rʷ[Δcol]``,
+    one learned table per axis, the segment laid out as an image."""
+
+    name = "sam"
+    description = "SAM/MViTv2: decomposed 2-D relative positions, a table per axis"
+
+    @staticmethod
+    def init_weights(config: Config) -> dict[str, Any]:
+        rows, cols = full_grid(config.segment)
+        head = config.d_model // config.heads
+
+        def tables(rng: np.random.Generator) -> dict[str, np.ndarray]:
+            return {
+                "rel_h": rng.normal(scale=0.5, size=(2 * rows - 1, head)),
+                "rel_w": rng.normal(scale=0.5, size=(2 * cols - 1, head)),
+            }
+
+        return transformer_weights(config, extra=tables)
+
+    def attend(self, h, memory, p, naive, start=0):
+        xp, length = self.xp, h.shape[-2]
+        q, k, v = (self.heads(h @ p[w]) for w in ("w_q", "w_k", "w_v"))
+        grid = full_grid(length)
+        if not naive:
+            return decomposed_relative_attention(q, k, v, p["rel_h"], p["rel_w"], query_grid=grid)
+        # The (H, L, L) bias: each pair's rows of the tables gathered, one product per pair.
+        rows, cols = np.divmod(np.arange(length), grid[1])
+        bias = 0.0
+        for table, coords, size in ((p["rel_h"], rows, grid[0]), (p["rel_w"], cols, grid[1])):
+            table = resize_relative_table(table, 2 * size - 1)  # SAM's, for a shorter segment
+            index = np.reshape(coords[:, None] - coords[None, :] + size - 1, (-1,))
+            pairs = xp.take(table, xp.asarray(index, device=self.device), axis=0)
+            pairs = xp.reshape(pairs, (length, length, table.shape[-1]))
+            bias = bias + xp.sum(q[..., :, None, :] * pairs, axis=-1)
+        scores = q @ xp.matrix_transpose(k) / math.sqrt(q.shape[-1]) + bias
+        return softmax(scores, None, -1, xp) @ v
+
+
 SCHEMES = {
     cls.name: cls
     for cls in (
@@ -616,5 +725,7 @@ SCHEMES = {
         AlibiEncoder,
         RotaryEncoder,
         DebertaEncoder,
+        SwinEncoder,
+        DecomposedEncoder,
     )
 }

@@ -147,7 +147,10 @@ def find_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
 #: What each scheme's encoder needs of ``d_model`` and ``heads``: the heads split
 #: ``d_model`` evenly; a sinusoid over ``d_model``, or over one head, pairs sines
 #: and cosines, and RoPE rotates pairs of a head's features, so that width must be even.
-SPLITS_HEADS = ("absolute", "shaw", "xl", "tener", "complex", "t5", "alibi", "rope", "deberta")
+SPLITS_HEADS = (
+    "absolute", "shaw", "xl", "tener", "complex", "t5", "alibi", "rope", "deberta", "swin",
+    "sam",
+)  # fmt: skip
 SINUSOID_OVER_D_MODEL = ("absolute", "xl")
 PAIRS_OVER_HEAD = ("tener", "rope")
 #: The schemes whose layers also attend to past segments (``--memory``).
