@@ -19,6 +19,7 @@ from .biases import (
 )
 from .blocks import BlockState, attention_block, finish_block_state, merge_block_states
 from .complex_order import complex_attention, complex_linear, complex_order_embedding
+from .cope import cope_bias
 from .decomposed import (
     decomposed_relative_attention,
     decomposed_relative_terms,
@@ -39,6 +40,11 @@ from .grid import (
     window_partition,
 )
 from .heads import merge_heads, split_heads
+from .learned_positions import (
+    dynamic_position_bias,
+    fire_bias,
+    fire_score_mod,
+)
 from .local import local_p_weights, predicted_positions
 from .masks import (
     backward_mask,
@@ -55,6 +61,13 @@ from .positions import relative_distances, relative_positions, relative_table
 from .ring import ring_attention
 from .rope_scaling import rope_frequencies
 from .rotary import rotary_position_embedding
+from .rotary_axes import (
+    axial_rotary_embedding,
+    mixed_rotary_embedding,
+    mixed_rotary_frequencies,
+    multimodal_rotary_embedding,
+    rope_index,
+)
 from .scores import (
     additive_scores,
     bilinear_scores,
@@ -66,6 +79,7 @@ from .scores import (
 )
 from .shaw import shaw_attention
 from .shift import rel_shift, rel_unshift
+from .xpos import xpos_embedding
 
 __version__ = "0.2.0"
 
@@ -74,6 +88,7 @@ __all__ = [
     "additive_scores",
     "alibi_slopes",
     "attention_block",
+    "axial_rotary_embedding",
     "backward_mask",
     "bilinear_scores",
     "causal_mask",
@@ -83,14 +98,18 @@ __all__ = [
     "config",
     "continuous_position_bias",
     "continuous_position_coordinates",
+    "cope_bias",
     "cosine_scores",
     "decomposed_relative_attention",
     "decomposed_relative_terms",
     "diagonal_disabled_mask",
     "disentangled_attention",
     "dot_product_scores",
+    "dynamic_position_bias",
     "explain",
     "finish_block_state",
+    "fire_bias",
+    "fire_score_mod",
     "forward_mask",
     "grid_bias_mod",
     "grid_positions",
@@ -106,7 +125,10 @@ __all__ = [
     "masked_softmax",
     "merge_block_states",
     "merge_heads",
+    "mixed_rotary_embedding",
+    "mixed_rotary_frequencies",
     "multi_dimensional_attention",
+    "multimodal_rotary_embedding",
     "padding_mask",
     "predicted_positions",
     "rel_shift",
@@ -121,6 +143,7 @@ __all__ = [
     "resize_relative_table",
     "ring_attention",
     "rope_frequencies",
+    "rope_index",
     "rotary_position_embedding",
     "sandwich_bias",
     "scaled_dot_product_attention",
@@ -134,4 +157,5 @@ __all__ = [
     "update_memory",
     "window_merge",
     "window_partition",
+    "xpos_embedding",
 ]

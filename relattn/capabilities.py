@@ -175,13 +175,33 @@ SETTINGS = frozenset({"config", "explain"})
 #: Public name -> its capabilities.
 CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(
     {
+        "cope_bias": Capabilities(),
+        "dynamic_position_bias": Capabilities(),
+        "fire_bias": Capabilities(),
+        "fire_score_mod": Capabilities(),
+        "xpos_embedding": Capabilities(),
+        "axial_rotary_embedding": Capabilities(),
+        "mixed_rotary_embedding": Capabilities(),
+        "mixed_rotary_frequencies": _creation("real floating"),
+        "multimodal_rotary_embedding": Capabilities(),
+        "rope_index": Capabilities(
+            dtypes=("integral",),
+            jit=False,
+            grad=None,
+            why={
+                "jit": "index bookkeeping on the host: the block sizes come from the grid values",
+                "grad": _NO_FLOATING_INPUT,
+            },
+        ),
         "decomposed_relative_attention": Capabilities(blockwise=True),
         "decomposed_relative_terms": Capabilities(),
         "resize_relative_table": Capabilities(),
         "continuous_position_bias": Capabilities(),
         "continuous_position_coordinates": _creation("real floating"),
         "grid_bias_mod": Capabilities(),
-        "grid_positions": _creation("integral"),
+        "grid_positions": Capabilities(
+            dtypes=("integral", "real floating"), grad=None, why={"grad": "takes no array"}
+        ),
         "grid_relative_bias": Capabilities(),
         "grid_relative_index": _creation("integral"),
         "shifted_window_mask": _creation("bool"),

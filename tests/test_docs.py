@@ -240,6 +240,15 @@ def test_getting_started_tells_cpu_linux_users_where_torch_comes_from():
 
 #: NumPy arrays each guide page's ``python`` block is written for, as its text names them.
 GUIDE_INPUTS = {
+    "multimodal_rope": """
+IMAGE, VIDEO, B, H, d = 9, 10, 2, 2, 16
+input_ids = np.array([[1, 2, 8] + [IMAGE] * 6 + [8, 3, 4]] * B)  # text, a 4x6-patch image, text
+grid_thw = np.array([[1, 4, 6]] * B)
+mask = np.ones_like(input_ids)
+L = input_ids.shape[1]
+q, k, v = rng.normal(size=(3, B, H, L, d))
+q_next = rng.normal(size=(B, H, 1, d))
+""",
     "decomposed": """
 B, H, d = 2, 2, 8
 q, k, v = rng.normal(size=(3, B, H, 14 * 14, d))

@@ -724,7 +724,11 @@ def test_xp_not_matching_positions(first, second):
 # --------------------------------------------------------------------------------------------
 
 CREATION = {
+    "mixed_rotary_frequencies": lambda xp: relattn.mixed_rotary_frequencies(8, 2, xp=xp),
     "grid_positions": lambda xp: relattn.grid_positions(2, 3, xp=xp),
+    "grid_positions[reference_shape]": lambda xp: relattn.grid_positions(
+        2, 4, reference_shape=(4, 4), merge_size=2, xp=xp
+    ),
     "grid_relative_index": lambda xp: relattn.grid_relative_index(2, 3, xp=xp),
     "shifted_window_mask": lambda xp: relattn.shifted_window_mask(4, 4, 2, 1, xp=xp),
     "continuous_position_coordinates": lambda xp: relattn.continuous_position_coordinates(3, xp=xp),
@@ -837,6 +841,128 @@ def _full(lq: int, lk: int) -> int:
 
 
 SIGNATURES: dict[str, Signature] = {
+    "fire_bias": Signature(
+        lambda a: relattn.fire_bias(
+            a["query_positions"],
+            a["key_positions"],
+            [a["weights"]],
+            [a["biases"]],
+            a["c"],
+            a["threshold"],
+        ),
+        {
+            "query_positions": ((3,), "i"),
+            "key_positions": ((5,), "i"),
+            "weights": ((1, 2), "f"),
+            "biases": ((2,), "f"),
+            "c": ((), "f"),
+            "threshold": ((), "f"),
+        },
+        empty={
+            "Lq=0": ({"query_positions": (0,)}, (2, 0, 5)),
+            "Lk=0": ({"key_positions": (0,)}, (2, 3, 0)),
+            "heads=0": ({"weights": (1, 0), "biases": (0,)}, (0, 3, 5)),
+        },
+        scalar_ok=("c", "threshold"),
+        wrong={"query_positions": "b", "key_positions": "b"},
+    ),
+    "fire_score_mod": Signature(
+        lambda a: relattn.scaled_dot_product_attention(
+            a["q"],
+            a["k"],
+            a["v"],
+            causal=True,
+            score_mod=relattn.fire_score_mod([a["weights"]], [a["biases"]], a["c"], a["threshold"]),
+        ),
+        {
+            "weights": ((1, 2), "f"),
+            "biases": ((2,), "f"),
+            "c": ((), "f"),
+            "threshold": ((), "f"),
+            "q": ((2, 3, 4), "f"),
+            "k": ((2, 5, 4), "f"),
+            "v": ((2, 5, 2), "f"),
+        },
+        scalar_ok=("c", "threshold"),
+    ),
+    "dynamic_position_bias": Signature(
+        lambda a: relattn.dynamic_position_bias(
+            a["distances"], [a["weights"]], [a["biases"]], log_distance=True
+        ),
+        {"distances": ((7,), "i"), "weights": ((1, 2), "f"), "biases": ((2,), "f")},
+        empty={
+            "W=0": ({"distances": (0,)}, (2, 0)),
+            "heads=0": ({"weights": (1, 0), "biases": (0,)}, (0, 7)),
+        },
+        zero_d_ok=("distances",),
+    ),
+    "cope_bias": Signature(
+        lambda a: relattn.cope_bias(a["q"], a["k"], a["embeddings"], mask=a.get("mask")),
+        {"q": ((2, 3, 4), "f"), "k": ((2, 5, 4), "f"), "embeddings": ((6, 4), "f")},
+        {"mask": ((3, 5), "b")},
+        empty={
+            "Lq=0": ({"q": (2, 0, 4)}, (2, 0, 5)),
+            "Lk=0": ({"k": (2, 0, 4)}, (2, 3, 0)),
+            "batch=0": ({"q": (0, 3, 4), "k": (0, 5, 4)}, (0, 3, 5)),
+        },
+        zero_d_ok=("mask",),
+    ),
+    "xpos_embedding": Signature(
+        lambda a: relattn.xpos_embedding(
+            a["x"], a.get("positions"), layout="interleaved", frequencies=a.get("frequencies")
+        ),
+        {"x": ((2, 3, 4), "f")},
+        {"positions": ((3,), "i"), "frequencies": ((2,), "f")},
+        {"L=0": ({"x": (2, 0, 4), "positions": (0,)}, (2, 0, 4))},
+        wrong={"positions": "b"},
+    ),
+    "multimodal_rotary_embedding": Signature(
+        lambda a: relattn.multimodal_rotary_embedding(
+            a["x"], a["positions"], mrope_section=[1, 0, 1], frequencies=a.get("frequencies")
+        ),
+        {"x": ((2, 3, 4), "f"), "positions": ((3, 3), "i")},
+        {"frequencies": ((2,), "f")},
+        {"L=0": ({"x": (2, 0, 4), "positions": (0, 3)}, (2, 0, 4))},
+        wrong={"positions": "b"},
+    ),
+    "axial_rotary_embedding": Signature(
+        lambda a: relattn.axial_rotary_embedding(
+            a["x"], a["positions"], layout="interleaved", frequencies=a.get("frequencies")
+        ),
+        {"x": ((2, 3, 4), "f"), "positions": ((3, 2), "i")},
+        {"frequencies": ((1,), "f")},
+        {"L=0": ({"x": (2, 0, 4), "positions": (0, 2)}, (2, 0, 4))},
+        wrong={"positions": "b"},
+    ),
+    "mixed_rotary_embedding": Signature(
+        lambda a: relattn.mixed_rotary_embedding(
+            a["x"], a["positions"], a["frequencies"], layout="interleaved"
+        ),
+        {"x": ((2, 3, 4), "f"), "positions": ((3, 2), "i"), "frequencies": ((2, 2, 2), "f")},
+        empty={"L=0": ({"x": (2, 0, 4), "positions": (0, 2)}, (2, 0, 4))},
+        wrong={"positions": "b"},
+    ),
+    "rope_index": Signature(
+        lambda a: relattn.rope_index(
+            a["input_ids"],
+            image_token_id=7,
+            video_token_id=8,
+            image_grid_thw=a.get("image_grid_thw"),
+            video_grid_thw=a.get("video_grid_thw"),
+            attention_mask=a.get("attention_mask"),
+            second_per_grid_ts=a.get("second_per_grid_ts"),
+            tokens_per_second=2,
+        )[0],
+        {"input_ids": ((2, 5), "i")},
+        {
+            "image_grid_thw": ((0, 3), "i"),
+            "video_grid_thw": ((0, 3), "i"),
+            "attention_mask": ((2, 5), "b"),
+            "second_per_grid_ts": ((0,), "f"),
+        },
+        {"L=0": ({"input_ids": (2, 0), "attention_mask": (2, 0)}, (2, 0, 3))},
+        wrong={"input_ids": "f", "attention_mask": "f"},
+    ),
     "decomposed_relative_attention": Signature(
         lambda a: relattn.decomposed_relative_attention(
             a["q"], a["k"], a["v"], a["table_h"], a["table_w"], query_grid=(2, 3), key_grid=(1, 2)
@@ -1242,6 +1368,7 @@ OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attenti
 
 #: Public functions without array arguments: they take ``xp=`` (see CREATION above).
 NO_ARRAYS = {
+    "mixed_rotary_frequencies",
     "continuous_position_coordinates",
     "grid_positions",
     "grid_relative_index",

@@ -80,7 +80,16 @@ def _complex_attention(order: tuple[Any, ...], mask: Any, **variant: Any) -> Any
 
 #: Creation functions: ``f(xp, device, dtype)``, ``dtype`` the library's floating dtype.
 CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "mixed_rotary_frequencies": lambda xp, dev, dt: relattn.mixed_rotary_frequencies(
+        8, 2, angles=[0.5, 1.0], dtype=dt, device=dev, xp=xp
+    ),
     "grid_positions": lambda xp, dev, dt: relattn.grid_positions(2, 3, xp=xp, device=dev),
+    "grid_positions[merge_size]": lambda xp, dev, dt: relattn.grid_positions(
+        4, 4, merge_size=2, xp=xp, device=dev
+    ),
+    "grid_positions[reference_shape]": lambda xp, dev, dt: relattn.grid_positions(
+        3, 3, reference_shape=(4, 4), dtype=dt, device=dev, xp=xp
+    ),
     "grid_relative_index[class_token]": lambda xp, dev, dt: relattn.grid_relative_index(
         2, 3, class_token=True, xp=xp, device=dev
     ),
@@ -116,7 +125,9 @@ CREATION: dict[str, Callable[[Any, Any, Any], Any]] = {
 }
 #: Creation functions whose result has the floating ``dtype`` they are given.
 FLOATING_CREATION = (
+    "mixed_rotary_frequencies",
     "continuous_position_coordinates",
+    "grid_positions[reference_shape]",
     "sinusoidal_position_encoding", "alibi_slopes", "inverse_frequencies", "rope_frequencies",
 )  # fmt: skip
 
@@ -164,6 +175,90 @@ def _creation_case(make: Callable[[Any, Any, Any], Any]) -> Case:
 CASES: dict[str, Case] = {name: _creation_case(make) for name, make in CREATION.items()}
 CASES.update(
     {
+        "fire_bias": Case(
+            lambda r: (
+                np.arange(3, 6),
+                np.arange(6),
+                _normal(r, 1, 4),
+                _normal(r, 4),
+                _normal(r, 4, 3),
+                _normal(r, 3),
+                np.array(0.5),
+                np.array(3.5),
+            ),
+            lambda b, dt, qp, kp, w1, b1, w2, b2, c, t: relattn.fire_bias(
+                qp, kp, [w1, w2], [b1, b2], c, t
+            ),
+        ),
+        "fire_score_mod": Case(
+            lambda r: (
+                _normal(r, 3, 4, 4),
+                _normal(r, 3, 6, 4),
+                _normal(r, 3, 6, 2),
+                _normal(r, 1, 4),
+                _normal(r, 4),
+                _normal(r, 4, 3),
+                _normal(r, 3),
+                np.array(0.5),
+                np.array(3.5),
+            ),
+            lambda b, dt, q, k, v, w1, b1, w2, b2, c, t: relattn.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                block_size=4,
+                score_mod=relattn.fire_score_mod([w1, w2], [b1, b2], c, t),
+            ),
+        ),
+        "dynamic_position_bias": Case(
+            lambda r: (
+                np.arange(-6, 1),
+                _normal(r, 1, 4),
+                _normal(r, 4),
+                _normal(r, 4, 4),
+                _normal(r, 4),
+                _normal(r, 4, 3),
+                _normal(r, 3),
+            ),
+            lambda b, dt, d, w1, b1, w2, b2, w3, b3: relattn.dynamic_position_bias(
+                d, [w1, w2, w3], [b1, b2, b3], log_distance=True
+            ),
+        ),
+        "cope_bias": Case(
+            lambda r: (_normal(r, 2, 3, 4), _normal(r, 2, 6, 4), _normal(r, 5, 4)),
+            lambda b, dt, q, k, e: relattn.cope_bias(q, k, e),
+        ),
+        "xpos_embedding": Case(
+            lambda r: (_normal(r, 2, 5, 8), np.array([3.0, 4.0, 5.0, 6.0, 7.0])),
+            lambda b, dt, x, p: relattn.xpos_embedding(x, p, layout="interleaved", centre=4.0),
+        ),
+        "xpos_embedding[keys,concatenated,partial]": Case(
+            lambda r: (_normal(r, 2, 5, 8),),
+            lambda b, dt, x: relattn.xpos_embedding(
+                x, layout="concatenated", downscale=True, rotary_dim=4
+            ),
+        ),
+        "multimodal_rotary_embedding": Case(
+            lambda r: (_normal(r, 2, 5, 8), r.integers(0, 20, size=(5, 3))),
+            lambda b, dt, x, p: relattn.multimodal_rotary_embedding(x, p, mrope_section=[2, 1, 1]),
+        ),
+        "axial_rotary_embedding": Case(
+            lambda r: (_normal(r, 2, 7, 8), np.indices((3, 2)).reshape(2, -1).T.copy()),
+            lambda b, dt, x, p: relattn.axial_rotary_embedding(
+                x, p, layout="interleaved", base=100.0, prefix_tokens=1
+            ),
+        ),
+        "mixed_rotary_embedding": Case(
+            lambda r: (_normal(r, 2, 2, 5, 8), r.uniform(0, 3, size=(5, 2)), _normal(r, 2, 2, 4)),
+            lambda b, dt, x, p, f: relattn.mixed_rotary_embedding(x, p, f, layout="concatenated"),
+        ),
+        "rope_index": Case(
+            lambda r: (np.array([[1, 2, 7, 7, 7, 7, 3]]), np.array([[1, 4, 4]])),
+            lambda b, dt, ids, g: relattn.rope_index(
+                ids, image_token_id=7, video_token_id=8, image_grid_thw=g
+            )[0],
+        ),
         "decomposed_relative_attention": Case(
             lambda r: (
                 _normal(r, 2, 6, 4),
@@ -995,7 +1090,7 @@ def test_creation_returns_callers_library(backend, form, name):
     if backend.device is not None:
         assert array_api_compat.device(out) == backend.device
     info = backend.xp.__array_namespace_info__()
-    if name.partition("[")[0] in FLOATING_CREATION:
+    if name in FLOATING_CREATION or name.partition("[")[0] in FLOATING_CREATION:
         assert out.dtype == dt
     elif name.startswith(("relative_", "grid_")):
         assert out.dtype == info.default_dtypes(device=backend.device)["integral"]
