@@ -341,9 +341,13 @@ def fire_score_mod(
 
     Parameters
     ----------
-    weights, biases, c, threshold, eps
+    weights, biases : list or tuple of arrays, real floating
         As in :func:`fire_bias`; the last layer has one output per attention
         head ``H``.
+    c, threshold : 0-d real floating array or float
+        As in :func:`fire_bias`.
+    eps : float, optional
+        As in :func:`fire_bias`.
 
     Returns
     -------
@@ -439,7 +443,7 @@ def dynamic_position_bias(
         Feed ``sign(δ)·log(|δ| + 1)`` instead of ``δ`` (x-transformers'
         ``log_distance=True``).
     norms : list or tuple of (weight, bias) pairs of arrays, optional
-        x-transformers' ``norm=True``: a LayerNorm after each hidden layer,
+        The LayerNorms of x-transformers' ``norm=True``: one after each hidden layer,
         before its SiLU, one pair ``(γ (n,), β (n,))`` per hidden layer
         (``len(weights) - 1`` pairs), ε = 1e-5 as ``torch.nn.LayerNorm``.
         Gradients reach them.

@@ -312,20 +312,20 @@ def rope_index(
 
     Parameters
     ----------
-    input_ids : array of shape (B, L), integer
+    input_ids : array of shape (B, L), int
         Token ids; each image (video) is a run of ``image_token_id``
         (``video_token_id``) placeholders, ``t·(h/m)·(w/m)`` of them for its
         grid, ``m = spatial_merge_size``.
     image_token_id, video_token_id : int
         The placeholder ids (Hugging Face's ``config.image_token_id``,
         ``config.video_token_id``).
-    image_grid_thw, video_grid_thw : array of shape (N, 3), integer, optional
+    image_grid_thw, video_grid_thw : array of shape (N, 3), int, optional
         ``(t, h, w)`` patch grid of each image (video) in the order they occur,
         row after row of the batch (Hugging Face's processor outputs).
     spatial_merge_size : int, optional
         ``m``: the vision tower merges ``m × m`` patches into one token (2 in
         Qwen2-VL and Qwen2.5-VL).
-    attention_mask : array of shape (B, L), boolean or integer, optional
+    attention_mask : array of shape (B, L), bool or int, optional
         ``True`` (or 1) for tokens, ``False`` (0) for padding, which is left
         out of the count and gets position 1, as in Qwen's code.
     second_per_grid_ts : array of shape (N_videos,), real floating, optional

@@ -52,9 +52,13 @@ def xpos_embedding(
         centre; then ``q·k`` depends on the positions' difference only, and
         the centre keeps ``ζ^(n/γ)`` away from under- and overflow in long
         sequences (torchscale centres at ``⌈(L + offset)/2⌉``).
-    base, rotary_dim, frequencies
+    base : float, optional
+        As in :func:`rotary_position_embedding`.
+    rotary_dim : int, optional
         As in :func:`rotary_position_embedding`; the scales apply to the
         ``r = rotary_dim`` rotated features only.
+    frequencies : array of shape (r/2,), real floating, optional
+        As in :func:`rotary_position_embedding`.
 
     Returns
     -------
