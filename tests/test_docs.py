@@ -88,7 +88,7 @@ def test_api_reference_lists_only_public_names():
 def test_recipe_pages_include_existing_examples():
     examples = DOCS.parent / "examples"
     pages = sorted((DOCS / "recipes").glob("*.md"))
-    assert len([p for p in pages if p.stem != "index"]) == 13
+    assert len([p for p in pages if p.stem != "index"]) == 16
     for page in pages:
         for name in re.findall(r"\.\./\.\./examples/(\w+)\.py", page.read_text(encoding="utf-8")):
             assert (examples / f"{name}.py").exists(), f"{page.name} includes a missing {name}.py"
