@@ -26,6 +26,14 @@ but at the sizes the targets name, and printed as one markdown table:
   row) against the same call forced onto the block fold, causal plain attention,
   ALiBi, T5, packed documents, Transformer-XL, Shaw and DeBERTa, B = 1, H = 8,
   d = 64, float32, L = 1024 and 4096 (``--quick``: 1024): <= 1.0;
+- ``vision``: SAM's attention with decomposed relative positions at a 64×64 grid
+  (L = 4096, B = 1, d = 64, 4 heads on a CPU, ``--quick`` 2) and Swin-T's shifted 7×7
+  windows of a 56×56 grid (B = 8, H = 3, d = 32) against the same written natively
+  (segment-anything's ``add_decomposed_rel_pos``, Swin's ``WindowAttention``), on NumPy,
+  PyTorch CPU and JAX (``jax.jit``): time and peak host memory <= 1.0 (NumPy:
+  tracemalloc; PyTorch: resident high-water growth; JAX: the compiled programs' bytes);
+  the ``gpu`` group runs both on each GPU target (SAM with ViT-B's 12 heads, 64 Swin
+  images), bf16 and float32, the targets checked for bf16;
 - ``gpu``, on each GPU target found (``torch_cuda``, ``jax_gpu``, ``cupy``),
   B = 2, H = 16, d = 64, L = 1024, 4096, 16 384, bf16 and float32, time and peak
   memory: causal against flash SDPA (<= 1.1), ALiBi, T5 and packed documents
@@ -43,6 +51,7 @@ Usage (from the repository root)::
     python asv_bench/compare.py --quick           # fewer repeats
     python asv_bench/compare.py --backend numpy --backend torch
     python asv_bench/compare.py --only plans --backend numpy --backend torch --backend jax
+    python asv_bench/compare.py --only vision --quick
     python asv_bench/compare.py --only gpu --gpu-length 4096 --gpu-dtype bfloat16
 """
 
@@ -750,6 +759,188 @@ def gpu(names: list[str], repeats: int, lengths: tuple[int, ...] = GPU_LENGTHS,
     return rows
 
 
+# -- vision: SAM's decomposed relative positions and Swin's windows ----------------------
+
+#: The rows of ``--only vision`` (and the gpu group's vision rows), by case of
+#: ``benchmarks/vision.py``, filled by :func:`_vision_what` from the case's arrays.
+VISION_WHAT = {
+    "sam": "decomposed rel-pos (SAM), {h}×{w} grid (L={length}), B={b} H={heads} d={d}: "
+           "relattn / segment-anything written natively",
+    "swin": "Swin windows {window}×{window}, {grid}×{grid} grid, shifted, B={b} H={heads} "
+            "d={d}: relattn / Swin written natively",
+}  # fmt: skip
+#: The GPU rows' batch of Swin images (ImageNet training: 64 to 128 per GPU).
+VISION_GPU_SWIN_BATCH = 64
+
+
+def _vision_what(case: str, arrays: dict) -> str:
+    """The row of ``case`` (:data:`VISION_WHAT`) with the sizes of ``arrays``."""
+    batch, heads, length, d = arrays["q"].shape
+    if case == "sam":
+        h, w = arrays["rel_pos_h"].shape[0] // 2 + 1, arrays["rel_pos_w"].shape[0] // 2 + 1
+        return VISION_WHAT[case].format(h=h, w=w, length=length, b=batch, heads=heads, d=d)
+    nw = arrays["mask"].shape[0]
+    window = math.isqrt(length)
+    return VISION_WHAT[case].format(window=window, grid=math.isqrt(nw) * window,
+                                    b=batch // nw, heads=heads, d=d)  # fmt: skip
+
+
+def _proc_status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise LookupError(f"/proc/self/status has no {key}")
+
+
+def rss_peak_bytes(fn: Callable[[], Any], backend: Target) -> int:
+    """Growth of the process's resident high-water mark over one call of ``fn`` (Linux):
+    freed heap given back (``malloc_trim``), ``VmHWM`` reset (``/proc/self/clear_refs``),
+    then ``VmHWM`` after the call over ``VmRSS`` before. For libraries that tracemalloc
+    does not see (PyTorch's CPU buffers); ``LookupError`` where the kernel offers neither."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = _proc_status_kib("VmRSS")
+    except OSError as e:
+        raise LookupError(f"no resident high-water mark to reset here ({e})") from None
+    common.ready(backend, fn())
+    return max(_proc_status_kib("VmHWM") - before, 0) * 1024
+
+
+def traced_peak_bytes(fn: Callable[[], Any], backend: Target) -> int:
+    """tracemalloc's peak over one call of ``fn`` (NumPy's buffers are traced)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        common.ready(backend, fn())
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def vision_memory(backend: Target, sides: tuple) -> tuple[int, int, str]:
+    """``(relattn's bytes, the native code's, how)`` of one call each: NumPy's tracemalloc
+    peak, PyTorch CPU's resident high-water growth, JAX's compiled programs' temporary and
+    output bytes. ``sides`` is :func:`benchmarks.vision.functions`'s result."""
+    import gc
+
+    ours_fn, ours_args, theirs_fn, theirs_args = sides
+    if backend.is_jax:
+        return (_jax_program_bytes(ours_fn, *ours_args),
+                _jax_program_bytes(theirs_fn, *theirs_args), "XLA temp + output")  # fmt: skip
+    measure, how = ((traced_peak_bytes, "tracemalloc") if backend.library == "numpy"
+                    else (rss_peak_bytes, "RSS high-water growth"))  # fmt: skip
+    gc.collect()
+    mine = measure(functools.partial(ours_fn, *ours_args), backend)
+    gc.collect()
+    theirs = measure(functools.partial(theirs_fn, *theirs_args), backend)
+    return mine, theirs, how
+
+
+def vision_rows(names: list[str], repeats: int, quick: bool, memory: bool = True) -> list[Row]:
+    """SAM's decomposed relative positions at a 64×64 grid and Swin-T's shifted 7×7 windows
+    of a 56×56 grid (``benchmarks/vision.py``), relattn against the same written natively
+    (``native.numpy_sam_attention``, ``native.numpy_swin_window_attention`` and their
+    PyTorch and JAX twins): time (<= 1.0) and, unless ``memory`` is off, host peak memory
+    (<= 1.0; :func:`vision_memory`). SAM on a CPU with ``vision.SAM_CPU_HEADS`` heads
+    (``quick``: ``vision.SAM_QUICK_HEADS``) and half the repeats (at least 3): seconds
+    per call."""
+    from benchmarks import vision
+
+    rows = []
+    for name in names:
+        backend = common.get_backend(name)
+        label = f"{name}-jit" if name == "jax" else name
+        vision.check(name)
+        for case in vision.CASES:
+            arrays = vision.inputs(case, backend, quick)
+            sides = vision.functions(case, backend, arrays)
+            ours = functools.partial(sides[0], *sides[1])
+            theirs = functools.partial(sides[2], *sides[3])
+            what = _vision_what(case, arrays)
+            print(f"vision: {label} {what}", file=sys.stderr, flush=True)
+            n = max(3, repeats // 2) if case == "sam" else repeats
+            ratio, a, b = side_by_side(ours, theirs, backend, n)
+            rows.append(Row(what, label, ms(a), ms(b), ratio, "<= 1.0", ratio <= 1.0))
+            if memory:
+                try:
+                    mine, their, how = vision_memory(backend, sides)
+                except LookupError as e:
+                    print(f"vision: no memory row for {label}: {e}", file=sys.stderr)
+                else:
+                    share = mine / their if their else math.nan
+                    short = what.split(":")[0]
+                    mib = 1 << 20
+                    rows.append(Row(f"{short}: peak memory ({how}) relattn / native", label,
+                                    f"{mine / mib:.1f} MiB", f"{their / mib:.1f} MiB", share,
+                                    "<= 1.0", share <= 1.0))  # fmt: skip
+            del arrays, sides, ours, theirs
+    return rows
+
+
+def vision_gpu_cases(backend: Target, dtype: str, sizes: dict | None = None):
+    """``(what, baseline, length, make, time target, memory target)`` of the vision cases
+    on a GPU target: SAM ViT-B's attention (B = 1, H = 12, d = 64, 64×64 grid) and Swin-T's
+    shifted windows (:data:`VISION_GPU_SWIN_BATCH` images), relattn against the same
+    written natively in the target's library (CuPy: the NumPy code on ``cupy``), floats in
+    ``dtype``; memory from the allocator (PyTorch, CuPy) or the compiled programs (JAX).
+    ``sizes``: keywords of ``vision.sam_inputs`` and ``vision.swin_inputs`` by case (the
+    tests' small ones)."""
+    from benchmarks import vision
+
+    sizes = sizes or {"sam": {}, "swin": {"batch": VISION_GPU_SWIN_BATCH}}
+    makers = {"sam": vision.sam_inputs, "swin": vision.swin_inputs}
+
+    def pair(case: str) -> Pair:
+        host = makers[case](**sizes[case])
+        arrays = {n: backend.asarray(a, dtype if a.dtype.kind == "f" else None)
+                  for n, a in host.items()}  # fmt: skip
+        sides = vision.functions(case, backend, arrays)
+        ours = functools.partial(sides[0], *sides[1])
+        theirs = functools.partial(sides[2], *sides[3])
+        if backend.is_jax:
+            return Pair(ours, theirs, functools.partial(_jax_program_bytes, sides[0], *sides[1]),
+                        functools.partial(_jax_program_bytes, sides[2], *sides[3]))  # fmt: skip
+        return Pair(ours, theirs)
+
+    for case in vision.CASES:
+        host = makers[case](**sizes[case])
+        what = _vision_what(case, host).split(":")[0]
+        baseline = VISION_WHAT[case].split(": relattn / ")[1]
+        yield what, baseline, host["q"].shape[-2], functools.partial(pair, case), 1.0, 1.0
+
+
+def vision_gpu(names: list[str], repeats: int, dtypes: tuple[str, ...] = GPU_DTYPES,
+               sizes: dict | None = None) -> list[Row]:  # fmt: skip
+    """The vision cases' GPU rows (:func:`vision_gpu_cases`) on each target of ``names``,
+    each dtype, as :func:`gpu_case` measures them; the targets (<= 1.0 in time and memory)
+    checked for bf16, the other rows reported. ``names`` may name CPU targets, to try the
+    rows where there is no GPU."""
+    rows = []
+    for name in names:
+        backend = common.get_backend(name)
+        for dtype in dtypes:
+            if not backend.has_dtype(dtype):
+                print(f"gpu: {name} has no {dtype}: its vision rows are skipped", file=sys.stderr)
+                continue
+            for what, baseline, length, make, *targets in vision_gpu_cases(backend, dtype, sizes):
+                print(f"gpu: {name} {what}, {dtype} / {baseline}", file=sys.stderr, flush=True)
+                measured = gpu_case(name, what, baseline, make, tuple(targets), length, dtype,
+                                    repeats)  # fmt: skip
+                for row in measured:  # the case names its sizes: no "L=" in the row
+                    row.what = row.what.replace(f", L={length} {dtype}:", f", {dtype}:")
+                    checked = dtype == GPU_CHECKED[0] and row.target.startswith("<= ")
+                    if checked and math.isfinite(row.value):
+                        row.ok = row.value <= float(row.target[3:])
+                    print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+                rows += measured
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     head = ["measurement", "backend", "relattn", "baseline", "value", "target", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -771,7 +962,7 @@ def environment() -> str:
 
 
 #: The groups of rows ``--only`` selects.
-GROUPS = ("speed", "memory", "dispatch", "decode", "plans", "gpu")
+GROUPS = ("speed", "memory", "dispatch", "decode", "plans", "vision", "gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -856,12 +1047,15 @@ def main(argv: list[str] | None = None) -> int:
     if "plans" in groups:
         # The GPU targets only where named: the CPU ones are the default.
         rows += plans(names + [n for n in gpus if args.backend], repeats, args.quick)
+    if "vision" in groups:
+        rows += vision_rows(names, repeats, args.quick, memory=not args.no_memory)
     if "gpu" in groups:
         if "torch_cuda" in gpus:
             rows += cuda_vs_sdpa(repeats)
         if gpus:
             lengths = tuple(args.gpu_length or GPU_LENGTHS)
             rows += gpu(gpus, repeats, lengths, tuple(args.gpu_dtype or GPU_DTYPES))
+            rows += vision_gpu(gpus, repeats, tuple(args.gpu_dtype or GPU_DTYPES))
         else:
             print("gpu rows skipped: no GPU target found\n")
     print(table(rows))

@@ -13,8 +13,10 @@ It installs nothing. It runs:
    peak memory, at L = 1024, 4096 and 16 384 in bf16 and float32 (causal against
    flash SDPA; ALiBi, a T5 bias and packed documents against FlexAttention, forward
    and forward+backward; Transformer-XL against the authors' ``rel_shift`` code and
-   the same in CuPy; JAX against ``jax.nn.dot_product_attention``'s cuDNN and XLA),
-   and each scheme's plan against the forced block fold at L = 1024.
+   the same in CuPy; JAX against ``jax.nn.dot_product_attention``'s cuDNN and XLA;
+   SAM's decomposed relative positions at a 64×64 grid and Swin's shifted windows
+   against the same written natively), and each scheme's plan against the forced
+   block fold at L = 1024.
 
 Then it prints passed, failed and skipped per target, and the benchmark table.
 It exits non-zero if a test fails, or if no GPU library finds a device.

@@ -215,6 +215,95 @@ def numpy_t5_attention(q, k, v, table, pair_buckets, lib: Any = np):
     return numpy_attention(q, k, v, bias, scale=1.0, lib=lib)
 
 
+def sam_rel_pos(table, q_size: int, k_size: int, lib: Any = np):
+    """SAM ``get_rel_pos`` for a table of ``2·max(q, k) - 1`` rows (no resizing): ``(q, k, d)``.
+
+    ``relative_coords = (q_coords - k_coords) + (k_size - 1)`` with the ratios
+    ``max(k/q, 1)``, ``max(q/k, 1)`` of the authors' code (1 on a square grid).
+    """
+    q_ratio, k_ratio = max(k_size / q_size, 1.0), max(q_size / k_size, 1.0)
+    q_coords = lib.arange(q_size)[:, None] * q_ratio
+    k_coords = lib.arange(k_size)[None, :] * k_ratio
+    relative_coords = (q_coords - k_coords) + (k_size - 1) * k_ratio
+    return table[relative_coords.astype(int)]
+
+
+def numpy_sam_attention(q, k, v, rel_pos_h, rel_pos_w, grid, scale=None, lib: Any = np):
+    """Segment Anything's ``Attention.forward`` with ``add_decomposed_rel_pos`` (same grid
+    for queries and keys), on ``(B, H, L, d)`` arrays, ``L = h·w`` row-major.
+
+    As the authors write it: ``q``, ``k``, ``v`` viewed as ``(B·H, L, d)``, ``attn = (q ·
+    scale) @ kᵀ``; ``rel_h = einsum("bhwc,hkc->bhwk", q, Rʰ)`` with the unscaled ``q``
+    viewed as ``(B·H, h, w, d)`` and ``Rʰ = rel_pos_h[qy - ky + h - 1]`` ``(h, h, d)``,
+    ``rel_w`` likewise; ``attn.view(B·H, h, w, h, w) + rel_h[..., None] + rel_w[..., None,
+    :]``, softmax, ``@ v``. ``rel_pos_h (2h - 1, d)``, ``rel_pos_w (2w - 1, d)`` (shared
+    by the heads).
+    """
+    b, heads, length, d = q.shape
+    h, w = grid
+    scale = d**-0.5 if scale is None else scale
+    q, k, v = (x.reshape(b * heads, length, x.shape[-1]) for x in (q, k, v))
+    attn = (q * scale) @ lib.swapaxes(k, -1, -2)
+    rh, rw = sam_rel_pos(rel_pos_h, h, h, lib), sam_rel_pos(rel_pos_w, w, w, lib)
+    r_q = q.reshape(b * heads, h, w, d)
+    rel_h = lib.einsum("bhwc,hkc->bhwk", r_q, rh)
+    rel_w = lib.einsum("bhwc,wkc->bhwk", r_q, rw)
+    attn = attn.reshape(b * heads, h, w, h, w) + rel_h[..., :, None] + rel_w[..., None, :]
+    out = numpy_softmax(attn.reshape(b * heads, length, length), None, lib) @ v
+    return out.reshape(b, heads, length, v.shape[-1])
+
+
+def swin_relative_index(window: int) -> np.ndarray:
+    """Swin's ``relative_position_index`` buffer of a ``window × window`` window, ``(N, N)``.
+
+    ``coords`` of the window's patches, ``relative = coords[:, :, None] - coords[:, None,
+    :]`` (query minus key), shifted by ``window - 1``, then ``Δrow·(2·window - 1) + Δcol``:
+    computed once, when the model is built (``WindowAttention.__init__``).
+    """
+    coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij"))
+    flat = coords.reshape(2, -1)
+    relative = (flat[:, :, None] - flat[:, None, :]).transpose(1, 2, 0) + (window - 1)
+    return relative[:, :, 0] * (2 * window - 1) + relative[:, :, 1]
+
+
+def swin_attn_mask(height: int, width: int, window: int, shift: int) -> np.ndarray:
+    """Swin's ``attn_mask`` buffer of the shifted windows: ``(nW, N, N)`` float32, 0 or -100.
+
+    ``SwinTransformerBlock.__init__``: the image's regions numbered by the three slices
+    ``[0, -window)``, ``[-window, -shift)``, ``[-shift, None)`` per axis, cut into
+    windows; pairs of different regions get ``-100.0``.
+    """
+    img_mask = np.zeros((height, width), dtype=np.float32)
+    cnt = 0
+    slices = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+    for hs in slices:
+        for ws in slices:
+            img_mask[hs, ws] = cnt
+            cnt += 1
+    windows = img_mask.reshape(height // window, window, width // window, window)
+    windows = windows.transpose(0, 2, 1, 3).reshape(-1, window * window)
+    mask = windows[:, None, :] - windows[:, :, None]
+    return np.where(mask != 0, np.float32(-100.0), np.float32(0.0))
+
+
+def numpy_swin_window_attention(q, k, v, table, index, attn_mask, scale=None, lib: Any = np):
+    """Swin's ``WindowAttention.forward`` on ``(B·nW, H, N, d)`` windows.
+
+    ``attn = (q · scale) @ kᵀ``; ``+ table[index.reshape(-1)].reshape(N, N, H)`` permuted
+    to ``(H, N, N)`` (``table (T, H)`` as Swin stores it, ``index`` of
+    :func:`swin_relative_index`); viewed as ``(B, nW, H, N, N)`` ``+ attn_mask[:, None]``
+    (:func:`swin_attn_mask`, ``(nW, N, N)`` of 0 and -100), softmax, ``@ v``.
+    """
+    windows, heads, n, d = q.shape
+    nw = attn_mask.shape[0]
+    scale = d**-0.5 if scale is None else scale
+    attn = (q * scale) @ lib.swapaxes(k, -1, -2)
+    bias = table[index.reshape(-1)].reshape(n, n, -1)
+    attn = attn + lib.transpose(bias, (2, 0, 1))[None]
+    attn = attn.reshape(windows // nw, nw, heads, n, n) + attn_mask[:, None][None]
+    return numpy_softmax(attn.reshape(-1, heads, n, n), None, lib) @ v
+
+
 # -- PyTorch -------------------------------------------------------------
 
 
@@ -442,6 +531,49 @@ def torch_flex_attention(q, k, v, *, slopes=None, values=None, segments=None, ca
     return call
 
 
+def torch_sam_attention(q, k, v, rel_pos_h, rel_pos_w, grid, scale=None):
+    """:func:`numpy_sam_attention` as segment-anything writes it in PyTorch (``view``,
+    ``torch.einsum``, ``softmax(dim=-1)``; ``get_rel_pos``'s ``torch.arange`` coordinates
+    and ``.long()`` index per call)."""
+    import torch
+
+    b, heads, length, d = q.shape
+    h, w = grid
+    scale = d**-0.5 if scale is None else scale
+    q, k, v = (x.reshape(b * heads, length, x.shape[-1]) for x in (q, k, v))
+    attn = (q * scale) @ k.transpose(-2, -1)
+
+    def get_rel_pos(q_size, k_size, rel_pos):
+        q_coords = torch.arange(q_size, device=q.device)[:, None] * max(k_size / q_size, 1.0)
+        k_coords = torch.arange(k_size, device=q.device)[None, :] * max(q_size / k_size, 1.0)
+        relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+        return rel_pos[relative_coords.long()]
+
+    rh, rw = get_rel_pos(h, h, rel_pos_h), get_rel_pos(w, w, rel_pos_w)
+    r_q = q.reshape(b * heads, h, w, d)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, rh)
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, rw)
+    attn = (attn.view(b * heads, h, w, h, w) + rel_h[:, :, :, :, None]
+            + rel_w[:, :, :, None, :]).view(b * heads, length, length)  # fmt: skip
+    attn = attn.softmax(dim=-1)
+    return (attn @ v).view(b, heads, length, v.shape[-1])
+
+
+def torch_swin_window_attention(q, k, v, table, index, attn_mask, scale=None):
+    """Swin's ``WindowAttention.forward`` (the authors' PyTorch):
+    :func:`numpy_swin_window_attention` with ``view``, ``permute(2, 0, 1).contiguous()``,
+    ``unsqueeze`` and ``softmax(dim=-1)``."""
+    windows, heads, n, d = q.shape
+    nw = attn_mask.shape[0]
+    scale = d**-0.5 if scale is None else scale
+    attn = (q * scale) @ k.transpose(-2, -1)
+    bias = table[index.view(-1)].view(n, n, -1).permute(2, 0, 1).contiguous()
+    attn = attn + bias.unsqueeze(0)
+    attn = attn.view(windows // nw, nw, heads, n, n) + attn_mask.unsqueeze(1).unsqueeze(0)
+    attn = attn.view(-1, heads, n, n).softmax(dim=-1)
+    return attn @ v
+
+
 # -- JAX (call through ``jax.jit``) -------------------------------------
 
 
@@ -579,6 +711,40 @@ def jax_t5_attention(q, k, v, table, pair_buckets):
     return jax_attention(q, k, v, bias, scale=1.0)
 
 
+def jax_sam_attention(q, k, v, rel_pos_h, rel_pos_w, grid, scale=None):
+    """:func:`numpy_sam_attention` in ``jax.numpy`` (as JAX ports of SAM/ViTDet write it)."""
+    import jax
+    import jax.numpy as jnp
+
+    b, heads, length, d = q.shape
+    h, w = grid
+    scale = d**-0.5 if scale is None else scale
+    q, k, v = (x.reshape(b * heads, length, x.shape[-1]) for x in (q, k, v))
+    attn = (q * scale) @ jnp.swapaxes(k, -1, -2)
+    rh, rw = sam_rel_pos(rel_pos_h, h, h, jnp), sam_rel_pos(rel_pos_w, w, w, jnp)
+    r_q = q.reshape(b * heads, h, w, d)
+    rel_h = jnp.einsum("bhwc,hkc->bhwk", r_q, rh)
+    rel_w = jnp.einsum("bhwc,wkc->bhwk", r_q, rw)
+    attn = attn.reshape(b * heads, h, w, h, w) + rel_h[..., :, None] + rel_w[..., None, :]
+    attn = jax.nn.softmax(attn.reshape(b * heads, length, length), axis=-1)
+    return (attn @ v).reshape(b, heads, length, v.shape[-1])
+
+
+def jax_swin_window_attention(q, k, v, table, index, attn_mask, scale=None):
+    """Swin's ``WindowAttention.forward`` in ``jax.numpy``."""
+    import jax
+    import jax.numpy as jnp
+
+    windows, heads, n, d = q.shape
+    nw = attn_mask.shape[0]
+    scale = d**-0.5 if scale is None else scale
+    attn = (q * scale) @ jnp.swapaxes(k, -1, -2)
+    bias = jnp.transpose(table[index.reshape(-1)].reshape(n, n, -1), (2, 0, 1))
+    attn = attn + bias[None]
+    attn = attn.reshape(windows // nw, nw, heads, n, n) + attn_mask[:, None][None]
+    return jax.nn.softmax(attn.reshape(-1, heads, n, n), axis=-1) @ v
+
+
 # -- the table the benchmarks use ----------------------------------------
 
 #: ``{function: {backend family: native implementation}}``; "numpy" serves
@@ -625,6 +791,18 @@ NATIVE = {
         "numpy": numpy_t5_attention,
         "torch": torch_t5_attention,
         "jax": jax_t5_attention,
+    },
+    #: SAM's attention with decomposed relative positions (``benchmarks/vision.py``).
+    "decomposed_relative_attention": {
+        "numpy": numpy_sam_attention,
+        "torch": torch_sam_attention,
+        "jax": jax_sam_attention,
+    },
+    #: Swin's (shifted) window attention with its relative position bias.
+    "swin_window_attention": {
+        "numpy": numpy_swin_window_attention,
+        "torch": torch_swin_window_attention,
+        "jax": jax_swin_window_attention,
     },
 }
 
