@@ -359,11 +359,13 @@ def decomposed_relative_attention(
         Scale of ``q·kᵀ``, ``1/√d`` by default (SAM's ``head_dim ** -0.5``).
         The relative terms are not scaled.
     block_size : int or (int, int), optional
-        Run blockwise with blocks of this size (memory ``O(L·(kh + kw))`` per
-        head for the terms, no ``(Lq, Lk)`` array). ``None``: a dense
-        ``(Lq, Lk)`` bias while the dense path's four score-sized arrays fit
-        ``relattn.config.max_score_bytes`` (the device's budget), the
-        blockwise ``score_mod`` beyond it.
+        Run blockwise with blocks of this size through a ``score_mod``
+        (memory ``O(L·(kh + kw))`` per head for the terms, no ``(Lq, Lk)``
+        array). ``None``: the dense ``(Lq, Lk)`` bias, for as many query rows
+        at once as the dense path's four score-sized arrays fit
+        ``relattn.config.max_score_bytes`` (the device's budget): all of them,
+        or chunks of rows (on JAX, whose compiler fuses the ``score_mod``, the
+        blockwise ``score_mod`` beyond the budget).
 
     Returns
     -------
@@ -395,19 +397,20 @@ def decomposed_relative_attention(
     2023 (SAM) ``Attention.forward``: ``attn = (q * scale) @ k.transpose(-2,
     -1)``, then ``add_decomposed_rel_pos(attn, q, rel_pos_h, rel_pos_w, (qh,
     qw), (kh, kw))`` with the unscaled ``q``, softmax, ``@ v``; equal to HF
-    transformers' ``SamVisionAttention``. Blockwise, the terms enter through a
-    ``score_mod`` (FlexAttention's signature) that gathers ``rel_h`` and ``rel_w`` at each
-    pair's flattened index, so the same function runs per block on every
-    backend and as FlexAttention's ``score_mod`` on torch. Measured on NumPy
-    (float64, one head, ``d = 64``, 2 shared CPU cores, best of 2–3), the dense
-    ``(Lq, Lk)`` bias built from the terms against the ``score_mod``: 1 ms
-    against 2 ms at ``L = 256``, 11 against 20 ms at ``L = 1024`` (both in one
-    block: the ``score_mod``'s index arithmetic and two gathers run over every
-    pair, the bias costs one broadcast sum), 0.175 against 0.203 s at
-    ``L = 4096``, where both run blockwise and the bias alone takes 128 MiB, twice
-    the CPU's dense budget. So the bias is built while the dense path's four
-    score-sized arrays fit ``relattn.config.max_score_bytes``, and the
-    ``score_mod`` (``O(L·(kh + kw))`` memory) takes over beyond it.
+    transformers' ``SamVisionAttention``. The terms enter as the bias
+    ``rel_h[i, ky] + rel_w[i, kx]`` of each pair, one broadcast sum: the whole
+    ``(Lq, Lk)`` bias while the dense path's four score-sized arrays fit the
+    budget, else chunks of query rows that do (each row's softmax is its own,
+    so the chunks give the whole result; memory ``O(rows·Lk)``). With
+    ``block_size=`` they enter through a ``score_mod`` (FlexAttention's
+    signature) that gathers ``rel_h`` and ``rel_w`` at each pair's flattened
+    index, evaluated per block on every backend and as FlexAttention's
+    ``score_mod`` on torch. Measured at a 64 × 64 grid (``L = 4096``, 4 heads,
+    ``d = 64``, float32, 2 shared CPU cores, ``asv_bench/compare.py --only
+    vision``): the chunked bias against SAM's code written natively, which
+    builds the whole ``(B·H, L, L)`` scores, see ``docs/guide/decomposed.md``;
+    the per-pair ``score_mod`` spends its time in index arithmetic and gathers,
+    about twice the chunks' on NumPy.
 
     Examples
     --------
@@ -440,9 +443,21 @@ def decomposed_relative_attention(
     lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
     rel_h, rel_w = _terms(xp, dtype, q, table_h, table_w, qgrid, kgrid)
     lq, lk = q.shape[-2], k.shape[-2]
-    if block_size is None and _dense_fits(xp, q, dtype, lead, lq, lk):
-        bias = xp.reshape(rel_h[..., :, None] + rel_w[..., None, :], (*rel_h.shape[:-1], lk))
-        return scaled_dot_product_attention(q, k, v, bias=bias, scale=scale)
+    rows = _dense_rows(xp, q, dtype, lead, lk) if block_size is None else 0
+    # XLA fuses the block fold's score_mod (about 0.7 of SAM's native time at L = 4096,
+    # 25 against 300 MiB of program memory for the chunks): JAX chunks no rows.
+    if rows >= lq or (rows and backend_for(xp).name != "jax"):
+        # The dense bias of as many query rows as the budget holds at once: every row's
+        # softmax is its own, so chunks of rows give the whole call's result.
+        outs = []
+        for start in range(0, lq, rows):
+            stop = min(start + rows, lq)
+            h, w = rel_h[..., start:stop, :], rel_w[..., start:stop, :]
+            bias = xp.reshape(h[..., :, None] + w[..., None, :], (*h.shape[:-1], lk))
+            outs.append(
+                scaled_dot_product_attention(q[..., start:stop, :], k, v, bias=bias, scale=scale)
+            )
+        return outs[0] if len(outs) == 1 else xp.concat(outs, axis=-2)
     if len(lead) <= 2:
         return _blockwise(xp, q, k, v, rel_h, rel_w, lead, kgrid[1], scale, block_size)
     # score_mod indexes (batch, head): more leading dims are flattened into one
@@ -455,15 +470,16 @@ def decomposed_relative_attention(
     return xp.reshape(out, (*lead, *out.shape[-2:]))
 
 
-def _dense_fits(xp: Any, q: Any, dtype: Any, lead: tuple[int, ...], lq: int, lk: int) -> bool:
-    """The dense bias path's peak (four score-sized arrays) fits the dense budget."""
+def _dense_rows(xp: Any, q: Any, dtype: Any, lead: tuple[int, ...], lk: int) -> int:
+    """The query rows whose dense bias path (four score-sized arrays) fits the budget at
+    once; at least one."""
     device = device_of(q)
     budget = config.max_score_bytes
     if budget is None:
         backend = backend_for(xp)
         budget = device_budget(device_kind(device, backend), device, backend)
-    size = _checks.itemsize(xp, dtype)
-    return _DENSE_ARRAYS * math.prod(lead) * lq * lk * size <= budget
+    row = _DENSE_ARRAYS * math.prod(lead) * lk * _checks.itemsize(xp, dtype)
+    return max(1, budget // max(row, 1))
 
 
 def _blockwise(
@@ -478,7 +494,8 @@ def _blockwise(
     scale: Any,
     block_size: Any,
 ) -> Any:
-    """Attention with the terms gathered per block by a ``score_mod`` (Flex's signature)."""
+    """Attention with the terms gathered per block by a ``score_mod`` (FlexAttention's
+    signature, run by the block fold that ``block_size`` asks for)."""
     lq, lk = q.shape[-2], k.shape[-2]
     kh = rel_h.shape[-1]
     # One row of rel_h / rel_w per (batch, head): broadcast to the scores' leading dims and
@@ -488,15 +505,8 @@ def _blockwise(
     heads = lead[-1] if lead else 1
     offset = lk - lq  # the default positions: query i at i + Lk - Lq, key j at j
 
-    if backend_for(xp).name == "torch":
-        # Plain indexing: FlexAttention calls the score_mod with 0-d indices, and Inductor
-        # cannot lower the reshape of a 0-d index to (1,) that a take needs.
-        def gather(flat: Any, at: Any) -> Any:
-            return flat[at]
-    else:
-
-        def gather(flat: Any, at: Any) -> Any:
-            return xp.reshape(xp.take(flat, xp.reshape(at, (-1,)), axis=0), at.shape)
+    def gather(flat: Any, at: Any) -> Any:
+        return xp.reshape(xp.take(flat, xp.reshape(at, (-1,)), axis=0), at.shape)
 
     def score_mod(score: Any, batch: Any, head: Any, q_pos: Any, kv_pos: Any) -> Any:
         # The padding of a last, partial block lies past Lq or Lk: clipped into the arrays
