@@ -462,3 +462,31 @@ def test_sdpa_gets_a_mask_starting_on_16_elements(torch_backend, monkeypatch, rn
     assert copy.storage_offset() == 0
     aligned = torch.randn(2, 1, 9, 24)[..., 16:]
     assert aligned_mask(aligned) is aligned
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_takes_more_leading_dims_as_one(torch_backend, monkeypatch, rng, masked):
+    """Swin's windows ``(B, nW, H, N, d)``: SDPA gets them as ``(B·nW, H, N, d)`` (with 5-D
+    inputs it would fall back to its math kernel), with the bias and the window mask
+    broadcast alike; the result equals the dense path's."""
+    import torch
+    import torch.nn.functional as F
+
+    shapes = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        shapes.append((tuple(q.shape), None if attn_mask is None else tuple(attn_mask.shape)))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = (torch.as_tensor(rng.normal(size=(2, 3, 4, 5, 8))) for _ in range(3))
+    bias = torch.as_tensor(rng.normal(size=(4, 5, 5)))
+    mask = torch.as_tensor(rng.random((3, 1, 5, 5)) < 0.7) | torch.eye(5, dtype=torch.bool)
+    mask = mask if masked else None
+    with relattn.config.override(path="fused"):
+        got = relattn.scaled_dot_product_attention(q, k[:1], v, bias=bias, mask=mask)
+    with relattn.config.override(path="dense"):
+        want = relattn.scaled_dot_product_attention(q, k[:1], v, bias=bias, mask=mask)
+    torch_backend.assert_close(got, want, "float64")
+    assert shapes == [((6, 4, 5, 8), (6, 4, 5, 5))]
