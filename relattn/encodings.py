@@ -339,7 +339,8 @@ def sinusoidal_position_encoding(
     if frequencies is not None:
         _checks.floating(xp, frequencies=frequencies)
         _checks.exact_shape("frequencies", frequencies, (half,), "(d_model/2,)")
-    sin, cos = _sin_cos(p, half, base, frequencies, work, xp, device)
+    omega = tuple(_host_frequencies(half, base, False)) if frequencies is None else frequencies
+    sin, cos = _sin_cos(p, omega, work, xp, device)
     if layout == "interleaved":
         pe = xp.reshape(xp.stack((sin, cos), axis=-1), (p.shape[0], d_model))
     else:
@@ -347,17 +348,16 @@ def sinusoidal_position_encoding(
     return xp.astype(pe, dtype) if pe.dtype != dtype else pe
 
 
-def _sin_cos(
-    p: Any, half: int, base: float, frequencies: Any, work: Any, xp: Any, device: Any
-) -> tuple[Any, Any]:
-    """``sin(p·ω)``, ``cos(p·ω)`` of shape ``(P, half)`` in ``work``; ``ω`` given or standard."""
-    if frequencies is None and work != xp.float64:
-        cos, sin = _exact_angles(p, tuple(_host_frequencies(half, base, False)), work, xp, device)
-        return sin, cos
-    if frequencies is None:
-        omega = xp.asarray(_host_frequencies(half, base, False), dtype=work, device=device)
-    else:
-        omega = xp.astype(frequencies, work) if frequencies.dtype != work else frequencies
+def _sin_cos(p: Any, omega: Any, work: Any, xp: Any, device: Any) -> tuple[Any, Any]:
+    """``sin(p·ω)``, ``cos(p·ω)`` of shape ``(P, len(ω))`` in ``work``; ``ω`` host floats
+    (a tuple: exact per-digit angles where ``work`` is not float64) or an array."""
+    if isinstance(omega, tuple):
+        if work != xp.float64:
+            cos, sin = _exact_angles(p, omega, work, xp, device)
+            return sin, cos
+        omega = xp.asarray(omega, dtype=work, device=device)
+    elif omega.dtype != work:
+        omega = xp.astype(omega, work)
     positions = xp.astype(p, work) if p.dtype != work else p
     angle = positions[:, None] * omega[None, :]
     return xp.sin(angle), xp.cos(angle)

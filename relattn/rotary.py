@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import _checks
 from ._namespace import device_of
 from ._typing import Array
-from .encodings import LAYOUTS, _check_base, _sin_cos, _working_dtype
+from .encodings import LAYOUTS, _check_base, _host_frequencies, _sin_cos, _working_dtype
 
 __all__ = ["rotary_position_embedding"]
 
@@ -158,14 +160,22 @@ def rotary_position_embedding(
     if r == 0:
         return x
     flat = xp.reshape(positions, (-1,))  # one angle per position: (P, r/2)
-    sin, cos = _sin_cos(flat, half, base, frequencies, _working_dtype(xp, device), xp, device)
+    omega = tuple(_host_frequencies(half, base, False)) if frequencies is None else frequencies
+    sin, cos = _sin_cos(flat, omega, _working_dtype(xp, device), xp, device)
     sin, cos = (xp.reshape(xp.astype(a, x.dtype), (*positions.shape, half)) for a in (sin, cos))
+    rotated = _rotate_pairs(x if r == d else x[..., :r], sin, cos, layout, xp)
+    return rotated if r == d else xp.concat((rotated, x[..., r:]), axis=-1)
+
+
+def _rotate_pairs(x: Any, sin: Any, cos: Any, layout: str, xp: Any) -> Any:
+    """Each feature pair ``(a, b)`` of ``x (..., r)`` turned to ``(a cos - b sin, a sin +
+    b cos)``, ``sin`` and ``cos`` ``(..., r/2)``; pair ``j`` is features ``(2j, 2j+1)``
+    (``"interleaved"``) or ``(j, j + r/2)`` (``"concatenated"``)."""
+    half = x.shape[-1] // 2
     if layout == "interleaved":
-        pairs = xp.reshape(x[..., :r], (*x.shape[:-1], half, 2))
+        pairs = xp.reshape(x, (*x.shape[:-1], half, 2))
         a, b = pairs[..., 0], pairs[..., 1]
         rotated = xp.stack((a * cos - b * sin, a * sin + b * cos), axis=-1)
-        rotated = xp.reshape(rotated, (*x.shape[:-1], r))
-    else:
-        a, b = x[..., :half], x[..., half:r]
-        rotated = xp.concat((a * cos - b * sin, a * sin + b * cos), axis=-1)
-    return rotated if r == d else xp.concat((rotated, x[..., r:]), axis=-1)
+        return xp.reshape(rotated, x.shape)
+    a, b = x[..., :half], x[..., half:]
+    return xp.concat((a * cos - b * sin, a * sin + b * cos), axis=-1)

@@ -22,7 +22,6 @@ order come from :func:`relattn.grid.grid_positions`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +30,8 @@ import numpy as np
 from . import _checks
 from ._namespace import device_of, require_array
 from ._typing import Array, Namespace
-from .encodings import LAYOUTS, _check_base, _exact_angles, _working_dtype
+from .encodings import LAYOUTS, _check_base, _host_frequencies, _sin_cos, _working_dtype
+from .rotary import _rotate_pairs
 
 __all__ = [
     "axial_rotary_embedding",
@@ -82,40 +82,15 @@ def _section_angles(
     lead = tuple(positions.shape[:-1])
     sins, coss = [], []
     for axis, omega in sections:
-        p = xp.reshape(positions[..., axis], (-1,))
-        if isinstance(omega, tuple):
-            if not omega:
-                continue
-            if work != xp.float64:
-                # No float64 on this device: exact angles from per-digit rotations.
-                c, s = _exact_angles(p, omega, work, xp, device)
-                sins.append(s)
-                coss.append(c)
-                continue
-            omega = xp.asarray(omega, dtype=work, device=device)
-        else:
-            omega = omega if omega.dtype == work else xp.astype(omega, work)
-        p = p if p.dtype == work else xp.astype(p, work)
-        angle = p[:, None] * omega[None, :]
-        sins.append(xp.sin(angle))
-        coss.append(xp.cos(angle))
+        if isinstance(omega, tuple) and not omega:
+            continue
+        sin, cos = _sin_cos(xp.reshape(positions[..., axis], (-1,)), omega, work, xp, device)
+        sins.append(sin)
+        coss.append(cos)
     sin = sins[0] if len(sins) == 1 else xp.concat(sins, axis=-1)
     cos = coss[0] if len(coss) == 1 else xp.concat(coss, axis=-1)
     half = sin.shape[-1]
     return xp.reshape(sin, (*lead, half)), xp.reshape(cos, (*lead, half))
-
-
-def _rotate(xp: Any, x: Any, sin: Any, cos: Any, layout: str) -> Any:
-    """Each pair ``(a, b)`` of ``x`` -> ``(a cos - b sin, a sin + b cos)``, pair ``j`` being
-    ``(2j, 2j+1)`` (interleaved) or ``(j, j + d/2)`` (concatenated)."""
-    half = x.shape[-1] // 2
-    if layout == "interleaved":
-        pairs = xp.reshape(x, (*x.shape[:-1], half, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        rotated = xp.stack((a * cos - b * sin, a * sin + b * cos), axis=-1)
-        return xp.reshape(rotated, x.shape)
-    a, b = x[..., :half], x[..., half:]
-    return xp.concat((a * cos - b * sin, a * sin + b * cos), axis=-1)
 
 
 def _even_features(x: Any, multiple: int, what: str) -> int:
@@ -126,12 +101,6 @@ def _even_features(x: Any, multiple: int, what: str) -> int:
             f"got shape {tuple(x.shape)}"
         )
     return int(d)
-
-
-def _host_thetas(count: int, base: float, exponent_scale: float) -> tuple[float, ...]:
-    """``base^(-k·exponent_scale)``, ``k = 0 … count-1``, float64 on the host."""
-    step = -math.log(base) * exponent_scale
-    return tuple(math.exp(k * step) for k in range(count))
 
 
 # ===============================================================================================
@@ -260,7 +229,7 @@ def multimodal_rotary_embedding(
         _checks.floating(xp, frequencies=frequencies)
         _checks.exact_shape("frequencies", frequencies, (half,), "(d/2,)")
         frequencies = _checks.cast(xp, frequencies, frequencies.dtype)
-    thetas = _host_thetas(half, base, 1.0 / half)
+    thetas = tuple(_host_frequencies(half, base, False))
     sections: list[tuple[int, Any]] = []
     start = 0
     for axis, size in enumerate(section):
@@ -271,7 +240,7 @@ def multimodal_rotary_embedding(
         start = stop
     sin, cos = _section_angles(xp, positions, sections, _working_dtype(xp, device), device)
     sin, cos = xp.astype(sin, x.dtype), xp.astype(cos, x.dtype)
-    return _rotate(xp, x, sin, cos, layout)
+    return _rotate_pairs(x, sin, cos, layout, xp)
 
 
 def _section_sizes(mrope_section: Any, half: int) -> list[int]:
@@ -673,7 +642,7 @@ def axial_rotary_embedding(
                 f"got shape {tuple(frequencies.shape)}"
             )
         frequencies = _checks.cast(xp, frequencies, frequencies.dtype)
-    thetas = _host_thetas(n, base, 1.0 / n)
+    thetas = tuple(_host_frequencies(n, base, False))
     sections: list[tuple[int, Any]] = []
     for a in range(axes):
         if frequencies is None:
@@ -683,7 +652,7 @@ def axial_rotary_embedding(
     sin, cos = _section_angles(xp, positions, sections, _working_dtype(xp, device), device)
     sin, cos = xp.astype(sin, x.dtype), xp.astype(cos, x.dtype)
     patches = x[..., n_prefix:, :] if n_prefix else x
-    return _with_prefix(xp, x, _rotate(xp, patches, sin, cos, layout), n_prefix)
+    return _with_prefix(xp, x, _rotate_pairs(patches, sin, cos, layout, xp), n_prefix)
 
 
 def mixed_rotary_frequencies(
@@ -765,7 +734,7 @@ def mixed_rotary_frequencies(
         phi = np.asarray(angles, dtype=np.float64)
         if phi.shape != (heads,):
             raise ValueError(f"angles must have num_heads = {heads} entries, got shape {phi.shape}")
-    mag = np.asarray(_host_thetas(d // 4, base, 4.0 / d))
+    mag = np.asarray(_host_frequencies(d // 4, base, False))
     fx = np.concatenate((np.cos(phi)[:, None] * mag, np.cos(phi + np.pi / 2)[:, None] * mag), -1)
     fy = np.concatenate((np.sin(phi)[:, None] * mag, np.sin(phi + np.pi / 2)[:, None] * mag), -1)
     if dtype is None:
@@ -888,4 +857,4 @@ def mixed_rotary_embedding(
         angle = term if angle is None else angle + term
     sin, cos = xp.astype(xp.sin(angle), x.dtype), xp.astype(xp.cos(angle), x.dtype)
     patches = x[..., n_prefix:, :] if n_prefix else x
-    return _with_prefix(xp, x, _rotate(xp, patches, sin, cos, layout), n_prefix)
+    return _with_prefix(xp, x, _rotate_pairs(patches, sin, cos, layout, xp), n_prefix)
