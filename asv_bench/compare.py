@@ -666,14 +666,16 @@ def _as_host_tuple(out: Any, backend: Target) -> list[np.ndarray]:
 
 
 def gpu_case(name: str, what: str, baseline: str, make: Callable[[], Pair], targets: tuple,
-             length: int, dtype: str, repeats: int) -> list[Row]:  # fmt: skip
+             size: str, dtype: str, repeats: int, checked: bool) -> list[Row]:  # fmt: skip
     """The rows of one case: time (relattn / baseline), and peak device memory where the
-    library counts it. A side that fails (out of memory, a kernel that does not take the
-    dtype) gives a row saying so instead of a ratio."""
+    library counts it; ``size`` names the case's size in its rows (``"L=4096"``, or ``""``
+    where ``what`` does), ``checked`` whether the targets are checked or the ratios only
+    reported. A side that fails (out of memory, a kernel that does not take the dtype)
+    gives a row saying so instead of a ratio."""
     backend = common.get_backend(name)
     time_target, memory_target = targets
-    checked = dtype == GPU_CHECKED[0] and length in GPU_CHECKED[1]
-    title = f"gpu: {what}, L={length} {dtype}: relattn / {baseline}"
+    at = f"{size} {dtype}" if size else dtype
+    title = f"gpu: {what}, {at}: relattn / {baseline}"
     target = f"<= {time_target:g}"
     try:
         pair = make()
@@ -712,7 +714,7 @@ def gpu_case(name: str, what: str, baseline: str, make: Callable[[], Pair], targ
         share = mine / theirs if theirs else math.nan
         mib = 1 << 20
         rows.append(
-            Row(f"gpu: {what}, L={length} {dtype}: peak memory relattn / {baseline}", name,
+            Row(f"gpu: {what}, {at}: peak memory relattn / {baseline}", name,
                 f"{mine / mib:.0f} MiB", f"{theirs / mib:.0f} MiB", share,
                 f"<= {memory_target:g}" if memory_target else "report",
                 share <= memory_target if memory_target and checked else None)
@@ -738,6 +740,23 @@ def gpu(names: list[str], repeats: int, lengths: tuple[int, ...] = GPU_LENGTHS,
     bf16 at L = 4096 and 16 384; the other rows are reported. ``names`` may name
     CPU targets too, to try the rows where there is no GPU.
     """
+
+    def cases(backend: Target, dtype: str):
+        for length in lengths:
+            checked = dtype == GPU_CHECKED[0] and length in GPU_CHECKED[1]
+            for what, baseline, make, *targets in GPU_CASES[backend.library](
+                backend, length, dtype
+            ):
+                yield what, baseline, make, tuple(targets), f"L={length}", checked
+
+    return gpu_rows(names, dtypes, repeats, cases)
+
+
+def gpu_rows(names: list[str], dtypes: tuple[str, ...], repeats: int,
+             cases: Callable[[Target, str], Any]) -> list[Row]:  # fmt: skip
+    """:func:`gpu_case`'s rows of ``cases(backend, dtype)`` (each ``(what, baseline, make,
+    targets, size, checked)``) on each target of ``names`` and each dtype it has, every row
+    printed as it is measured: a run cut short keeps its rows."""
     rows = []
     for name in names:
         backend = common.get_backend(name)
@@ -745,17 +764,15 @@ def gpu(names: list[str], repeats: int, lengths: tuple[int, ...] = GPU_LENGTHS,
             if not backend.has_dtype(dtype):
                 print(f"gpu: {name} has no {dtype}: its rows are skipped", file=sys.stderr)
                 continue
-            for length in lengths:
-                for what, baseline, make, *targets in GPU_CASES[backend.library](
-                    backend, length, dtype
-                ):
-                    print(f"gpu: {name} {what}, L={length} {dtype} / {baseline}",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    measured = gpu_case(name, what, baseline, make, tuple(targets), length,
-                                        dtype, repeats)  # fmt: skip
-                    for row in measured:  # as it comes: a run cut short keeps its rows
-                        print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
-                    rows += measured
+            for what, baseline, make, targets, size, checked in cases(backend, dtype):
+                at = f"{size} {dtype}" if size else dtype
+                print(f"gpu: {name} {what}, {at} / {baseline}", file=sys.stderr, flush=True)
+                measured = gpu_case(
+                    name, what, baseline, make, targets, size, dtype, repeats, checked
+                )
+                for row in measured:
+                    print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+                rows += measured
     return rows
 
 
@@ -883,7 +900,7 @@ def vision_rows(names: list[str], repeats: int, quick: bool, memory: bool = True
 
 
 def vision_gpu_cases(backend: Target, dtype: str, sizes: dict | None = None):
-    """``(what, baseline, length, make, time target, memory target)`` of the vision cases
+    """``(what, baseline, make, time target, memory target)`` of the vision cases
     on a GPU target: SAM ViT-B's attention (B = 1, H = 12, d = 64, 64×64 grid) and Swin-T's
     shifted windows (:data:`VISION_GPU_SWIN_BATCH` images), relattn against the same
     written natively in the target's library (CuPy: the NumPy code on ``cupy``), floats in
@@ -911,7 +928,7 @@ def vision_gpu_cases(backend: Target, dtype: str, sizes: dict | None = None):
         host = makers[case](**sizes[case])
         what = _vision_what(case, host).split(":")[0]
         baseline = VISION_WHAT[case].split(": relattn / ")[1]
-        yield what, baseline, host["q"].shape[-2], functools.partial(pair, case), 1.0, 1.0
+        yield what, baseline, functools.partial(pair, case), 1.0, 1.0
 
 
 def vision_gpu(names: list[str], repeats: int, dtypes: tuple[str, ...] = GPU_DTYPES,
@@ -920,25 +937,13 @@ def vision_gpu(names: list[str], repeats: int, dtypes: tuple[str, ...] = GPU_DTY
     each dtype, as :func:`gpu_case` measures them; the targets (<= 1.0 in time and memory)
     checked for bf16, the other rows reported. ``names`` may name CPU targets, to try the
     rows where there is no GPU."""
-    rows = []
-    for name in names:
-        backend = common.get_backend(name)
-        for dtype in dtypes:
-            if not backend.has_dtype(dtype):
-                print(f"gpu: {name} has no {dtype}: its vision rows are skipped", file=sys.stderr)
-                continue
-            for what, baseline, length, make, *targets in vision_gpu_cases(backend, dtype, sizes):
-                print(f"gpu: {name} {what}, {dtype} / {baseline}", file=sys.stderr, flush=True)
-                measured = gpu_case(name, what, baseline, make, tuple(targets), length, dtype,
-                                    repeats)  # fmt: skip
-                for row in measured:  # the case names its sizes: no "L=" in the row
-                    row.what = row.what.replace(f", L={length} {dtype}:", f", {dtype}:")
-                    checked = dtype == GPU_CHECKED[0] and row.target.startswith("<= ")
-                    if checked and math.isfinite(row.value):
-                        row.ok = row.value <= float(row.target[3:])
-                    print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
-                rows += measured
-    return rows
+
+    def cases(backend: Target, dtype: str):
+        # each case names its sizes: the rows say the dtype alone
+        for what, baseline, make, *targets in vision_gpu_cases(backend, dtype, sizes):
+            yield what, baseline, make, tuple(targets), "", dtype == GPU_CHECKED[0]
+
+    return gpu_rows(names, dtypes, repeats, cases)
 
 
 def table(rows: list[Row]) -> str:
