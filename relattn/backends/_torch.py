@@ -85,33 +85,36 @@ def fused_attention(
         attn_mask = mask
     else:
         attn_mask = torch.where(mask, bias, -math.inf)
-    if attn_mask is not None:
-        attn_mask = aligned_mask(attn_mask)
     lq, lk = q.shape[-2], k.shape[-2]
-    if causal and lq != lk:
-        from torch.nn.attention.bias import causal_lower_right
-
-        attn_mask, causal = causal_lower_right(lq, lk), False
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    plain = attn_mask is None or type(attn_mask) is torch.Tensor  # no CausalBias, DTensor
-    if len(lead) > 2 and plain and not torch.compiler.is_compiling():
-        # SDPA's fused CPU and CUDA kernels take (B, H, L, d): with more leading dims
-        # (Swin's (B, windows, H, N, d)) it falls back to its math kernel, materialising
-        # the scores and more. Those dims become one, the mask too.
+    # SDPA's fused CPU and CUDA kernels take (B, H, L, d): with more leading dims (Swin's
+    # (B, windows, H, N, d)) it falls back to its math kernel, materialising the scores
+    # and more. Those dims become one, the mask's too (not a DTensor's, nor under compile).
+    flatten = (
+        len(lead) > 2
+        and not (causal and lq != lk)
+        and (attn_mask is None or type(attn_mask) is torch.Tensor)
+        and not torch.compiler.is_compiling()
+    )
+    if flatten:
         merged = (-1, *lead[-1:])
 
         def flat(x: Any) -> Any:
             return x.expand(*lead, *x.shape[-2:]).reshape(*merged, *x.shape[-2:])
 
-        q4, k4, v4 = flat(q), flat(k), flat(v)
-        mask4 = None if attn_mask is None else aligned_mask(flat(attn_mask))
-        out = F.scaled_dot_product_attention(
-            q4, k4, v4, attn_mask=mask4, is_causal=causal, scale=scale
-        ).reshape(*lead, lq, v.shape[-1])
-    else:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale
-        )
+        q, k, v = flat(q), flat(k), flat(v)
+        attn_mask = None if attn_mask is None else flat(attn_mask)
+    if attn_mask is not None:
+        attn_mask = aligned_mask(attn_mask)
+    if causal and lq != lk:
+        from torch.nn.attention.bias import causal_lower_right
+
+        attn_mask, causal = causal_lower_right(lq, lk), False
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale
+    )
+    if flatten:
+        out = out.reshape(*lead, lq, out.shape[-1])
     if mask is not None:
         out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
     return out
