@@ -18,3 +18,13 @@ def elu(x: Any, xp: Any) -> Any:
     # expm1 sees x <= 0 only: the branch not taken never overflows, so its
     # gradient is 0 rather than 0 * inf = NaN.
     return xp.where(x > 0, x, xp.expm1(xp.where(x > 0, zero, x)))
+
+
+def relu(x: Any, xp: Any) -> Any:
+    """``max(x, 0)``."""
+    return xp.maximum(x, xp.zeros((), dtype=x.dtype, device=device_of(x)))
+
+
+def silu(x: Any, xp: Any) -> Any:
+    """``x · sigmoid(x)`` (SiLU, swish; Elfwing et al. 2018)."""
+    return x * sigmoid(x, xp)

@@ -6,8 +6,9 @@ from typing import Any
 
 from . import _checks
 from ._activations import sigmoid
-from ._namespace import TORCH_NAMESPACES, device_of
+from ._namespace import device_of
 from ._typing import Array
+from .backends import backend_for
 from .terms import gather_columns
 
 __all__ = ["cope_bias"]
@@ -133,7 +134,8 @@ def cope_bias(
     zero = xp.zeros((), dtype=dtype, device=device)
     gates = xp.where(visible, sigmoid(logits, xp), zero)
     # p_ij = Σ_{t >= j} g_it: the gates of keys after the query are 0.
-    counts = xp.flip(_cumulative_sum(xp.flip(gates, axis=-1), xp), axis=-1)
+    cumulative_sum = backend_for(xp).cumulative_sum or xp.cumulative_sum
+    counts = xp.flip(cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1)
     p = xp.minimum(counts, xp.asarray(float(npos - 1), dtype=dtype, device=device))
     lower = xp.floor(p)
     weight = p - lower
@@ -141,14 +143,3 @@ def cope_bias(
     below = gather_columns(z, xp.astype(lower, index), xp)
     above = gather_columns(z, xp.astype(xp.ceil(p), index), xp)
     return below * (1 - weight) + above * weight
-
-
-def _cumulative_sum(x: Any, xp: Any) -> Any:
-    """Along the last axis. On torch, ``torch.cumsum`` itself: array-api-compat's wrapper
-    resolves the namespace through a cache that ``torch.compile`` refuses to trace (the
-    namespace is told by name, as :func:`relattn.backends.backend_for` does)."""
-    if xp.__name__ in TORCH_NAMESPACES:
-        import torch
-
-        return torch.cumsum(x, dim=-1)
-    return xp.cumulative_sum(x, axis=-1)

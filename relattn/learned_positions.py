@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _checks
-from ._activations import sigmoid
+from ._activations import relu, silu
 from ._namespace import device_of, is_array
 from ._typing import Array
 
@@ -88,14 +88,6 @@ def _mlp(
     return xp, dtype, cast_w, cast_b
 
 
-def _relu(x: Any, xp: Any) -> Any:
-    return xp.maximum(x, xp.zeros((), dtype=x.dtype, device=device_of(x)))
-
-
-def _silu(x: Any, xp: Any) -> Any:
-    return x * sigmoid(x, xp)
-
-
 def _hidden(
     x: Any,
     weights: list[Any],
@@ -155,7 +147,7 @@ def _units(x: Any, weights: list[Any], biases: list[Any], xp: Any) -> list[Any]:
     axis cannot be lowered)."""
     units = [x]
     for w, b in zip(weights[:-1], biases[:-1], strict=True):
-        units = [_relu(_dot(units, w, m) + b[m], xp) for m in range(w.shape[1])]
+        units = [relu(_dot(units, w, m) + b[m], xp) for m in range(w.shape[1])]
     return units
 
 
@@ -324,7 +316,7 @@ def fire_bias(
     qp = _checks.cast_integer(xp, query_positions)[..., :, None]
     kp = _checks.cast_integer(xp, key_positions)[..., None, :]
     x = _fire_input(qp, kp, c, threshold, eps, xp, dtype)
-    out = xp.matmul(_hidden(x, ws, bs, _relu, xp), ws[-1]) + bs[-1]  # (..., Lq, Lk, H)
+    out = xp.matmul(_hidden(x, ws, bs, relu, xp), ws[-1]) + bs[-1]  # (..., Lq, Lk, H)
     n = len(lead)
     return xp.permute_dims(out, (*range(n), n + 2, n, n + 1))
 
@@ -512,5 +504,5 @@ def dynamic_position_bias(
     x = xp.astype(_checks.cast_integer(xp, distances), dtype)
     if log_distance:
         x = xp.sign(x) * xp.log1p(xp.abs(x))
-    out = xp.matmul(_hidden(x, ws, bs, _silu, xp, cast_norms), ws[-1]) + bs[-1]
+    out = xp.matmul(_hidden(x, ws, bs, silu, xp, cast_norms), ws[-1]) + bs[-1]
     return _heads_first(out, xp)

@@ -166,6 +166,11 @@ class Backend:
         ``(x, indices, axis) -> out`` for arrays of equal shape but along
         ``axis``: the standard's ``take_along_axis`` (2024.12), where the
         namespace lacks it (Dask). ``None``: the namespace's own.
+    cumulative_sum : callable or None
+        ``(x, axis) -> out``: the standard's ``cumulative_sum``, where the
+        namespace's cannot serve (array-api-compat's torch wrapper resolves the
+        namespace through a cache that ``torch.compile`` refuses to trace).
+        ``None``: the namespace's own.
     rechunk_like : callable
         ``(x, like) -> x`` for ``x`` made from ``like`` by a reshape (the shift
         of :mod:`relattn.shift`), of ``like``'s shape but for the last axis:
@@ -223,6 +228,7 @@ class Backend:
     free_memory: Callable[[Any], int | None] = _unknown
     matmul_transposed: Callable[[Any, Any], Any] | None = None
     take_along_axis: Callable[..., Any] | None = None
+    cumulative_sum: Callable[..., Any] | None = None
     rechunk_like: Callable[[Any, Any], Any] = _identity
     takes_blockwise: Callable[[Any], bool] = _always
     quiet: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext

@@ -140,6 +140,12 @@ def aligned_mask(attn_mask: Any) -> Any:
     return attn_mask[lead].contiguous().expand(attn_mask.shape)
 
 
+def _cumulative_sum(x: Any, axis: int) -> Any:
+    import torch
+
+    return torch.cumsum(x, dim=axis)
+
+
 def _needs_grad(arrays: tuple[Any, ...]) -> bool:
     """A gradient will be taken: autograd records and one of ``arrays`` (tensors or
     ``None``) requires one."""
@@ -211,4 +217,5 @@ BACKEND = Backend(
     free_memory=_free_memory,
     takes_blockwise=lambda x: not is_dtensor(x),
     join=_join,
+    cumulative_sum=_cumulative_sum,
 )
