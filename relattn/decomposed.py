@@ -444,9 +444,10 @@ def decomposed_relative_attention(
     rel_h, rel_w = _terms(xp, dtype, q, table_h, table_w, qgrid, kgrid)
     lq, lk = q.shape[-2], k.shape[-2]
     rows = _dense_rows(xp, q, dtype, lead, lk) if block_size is None else 0
-    # XLA fuses the block fold's score_mod (about 0.7 of SAM's native time at L = 4096,
-    # 25 against 300 MiB of program memory for the chunks): JAX chunks no rows.
-    if rows >= lq or (rows and backend_for(xp).name != "jax"):
+    # A library that compiles whole programs (Backend.staged: JAX) fuses the block fold's
+    # score_mod (XLA: about 0.7 of SAM's native time at L = 4096, 25 against 300 MiB of
+    # program memory for the chunks): it chunks no rows.
+    if rows >= lq or (rows and backend_for(xp).staged is None):
         # The dense bias of as many query rows as the budget holds at once: every row's
         # softmax is its own, so chunks of rows give the whole call's result.
         outs = []
