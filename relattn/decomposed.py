@@ -20,12 +20,11 @@ from typing import Any
 import numpy as np
 
 from . import _checks
-from ._config import config
 from ._namespace import device_of
 from ._typing import Array
 from .attention import scaled_dot_product_attention
 from .backends import backend_for
-from .plan import device_budget, device_kind
+from .plan import dense_budget
 
 __all__ = [
     "decomposed_relative_attention",
@@ -474,11 +473,7 @@ def decomposed_relative_attention(
 def _dense_rows(xp: Any, q: Any, dtype: Any, lead: tuple[int, ...], lk: int) -> int:
     """The query rows whose dense bias path (four score-sized arrays) fits the budget at
     once; at least one."""
-    device = device_of(q)
-    budget = config.max_score_bytes
-    if budget is None:
-        backend = backend_for(xp)
-        budget = device_budget(device_kind(device, backend), device, backend)
+    budget = dense_budget(device_of(q), backend_for(xp))
     row = _DENSE_ARRAYS * math.prod(lead) * lk * _checks.itemsize(xp, dtype)
     return max(1, budget // max(row, 1))
 

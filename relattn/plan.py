@@ -56,6 +56,7 @@ __all__ = [
     "Planned",
     "block_sizes",
     "choose",
+    "dense_budget",
     "dense_peak_bytes",
     "device_budget",
     "device_kind",
@@ -109,6 +110,14 @@ def device_budget(kind: str, device: Any, backend: Backend) -> int:
     if free is None:
         return CPU_BUDGET
     return max(CPU_BUDGET, int(free * GPU_BUDGET_FRACTION))
+
+
+def dense_budget(device: Any, backend: Backend, settings: Settings | None = None) -> int:
+    """The dense path's budget for a call on ``device``: ``max_score_bytes`` of
+    ``settings`` (default: :data:`relattn.config`'s) where set, else the device's
+    (:func:`device_budget`)."""
+    settings = config.settings if settings is None else settings
+    return settings.max_score_bytes or device_budget(device_kind(device, backend), device, backend)
 
 
 def block_sizes(kind: str) -> tuple[int, int]:
@@ -300,7 +309,7 @@ def choose(
     """The plan for ``p``: the table of the module docstring, in order. ``excluded``:
     paths not to take (the fallback of a checked kernel)."""
     kind = device_kind(device, backend)
-    budget = settings.max_score_bytes or device_budget(kind, device, backend)
+    budget = dense_budget(device, backend, settings)
     forced = settings.path
     refused: list[tuple[str, str]] = []
     blockable = backend.takes_blockwise(p.q)
