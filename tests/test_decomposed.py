@@ -12,6 +12,7 @@ dense; gradients reach q, k, v and both tables; jit and compile equal eager.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -355,6 +356,8 @@ def test_torch_gradients(torch_backend, rng):
             )
 
         assert torch.autograd.gradcheck(f, leaves)
+    with relattn.config.override(max_score_bytes=1):  # the bias one query row at a time
+        assert torch.autograd.gradcheck(functools.partial(f, b=None), leaves)
     decomposed_relative_attention(*leaves, query_grid=(2, 3), key_grid=(1, 2)).sum().backward()
     assert all(float(leaf.grad.abs().max()) > 0 for leaf in leaves)
 
@@ -393,14 +396,19 @@ def test_jit_equals_eager(jit_backend, rng):
         jit_backend.assert_close(b, jit_backend.to_host(a), "float64")
 
 
-def test_jit_equals_eager_dense(jit_backend, rng):
+@pytest.mark.parametrize("budget", [None, 1], ids=["whole", "row-chunks"])
+def test_jit_equals_eager_dense(jit_backend, rng, budget):
+    """The dense bias, of every query row at once or (a budget of 1 byte) one row at a
+    time (the fold's ``score_mod`` on JAX)."""
     arrays = [jit_backend.asarray(a, "float64") for a in _inputs(rng, "pooled", lead=(2, 1))]
 
     def dense(q, k, v, th, tw):
         return decomposed_relative_attention(q, k, v, th, tw, query_grid=(4, 6), key_grid=(2, 3))
 
-    eager = dense(*arrays)
-    jit_backend.assert_close(jit_backend.jit(dense)(*arrays), jit_backend.to_host(eager), "float64")
+    with relattn.config.override(max_score_bytes=budget):
+        eager = dense(*arrays)
+        compiled = jit_backend.jit(dense)(*arrays)
+    jit_backend.assert_close(compiled, jit_backend.to_host(eager), "float64")
 
 
 # ===============================================================================================

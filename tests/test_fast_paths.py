@@ -483,6 +483,7 @@ def test_sdpa_takes_more_leading_dims_as_one(torch_backend, monkeypatch, rng, ma
     q, k, v = (torch.as_tensor(rng.normal(size=(2, 3, 4, 5, 8))) for _ in range(3))
     bias = torch.as_tensor(rng.normal(size=(4, 5, 5)))
     mask = torch.as_tensor(rng.random((3, 1, 5, 5)) < 0.7) | torch.eye(5, dtype=torch.bool)
+    mask[1, 0, 2] = False  # a fully masked row: zeros on both paths
     mask = mask if masked else None
     with relattn.config.override(path="fused"):
         got = relattn.scaled_dot_product_attention(q, k[:1], v, bias=bias, mask=mask)
