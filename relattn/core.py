@@ -92,9 +92,10 @@ def softmax(scores: Any, mask: Any, axis: int, xp: Any, *, empty_rows: bool = Tr
     total = xp.sum(weights, axis=axis, keepdims=True)
     if empty_rows:
         # Each row's total is 0 (no key: all weights 0) or at least 1 (its peak's exp(0)):
-        # dividing by 1 where it is 0 keeps an empty row 0, never 0/0, and changes no
-        # other (selected, not max(total, 1), whose gradient splits at a total of 1).
-        total = xp.where(total > 0, total, fill(1.0))
+        # raised to the smallest normal number, an empty row's is 0 / tiny = 0, never 0/0,
+        # and no other row changes. Not max(total, 1), whose gradient splits at a total
+        # of 1; a maximum, not a select, which XLA's CPU fuses with the products.
+        total = xp.maximum(total, fill(float(xp.finfo(dtype).smallest_normal)))
     return weights / total
 
 
