@@ -69,7 +69,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -495,6 +495,8 @@ class Pair:
     theirs: Callable[[], Any]
     ours_bytes: Callable[[], int] | None = None
     theirs_bytes: Callable[[], int] | None = None
+    #: The two compute the same result (checked); ``False`` for a floor of other math.
+    same: bool = True
 
 
 def gpu_arrays(backend: Target, scheme: str, length: int, dtype: str) -> dict:
@@ -574,21 +576,139 @@ def torch_gpu_cases(backend: Target, length: int, dtype: str):
             what = f"{scheme} {'fwd+bwd' if backward else 'fwd'}"
             yield what, baseline, functools.partial(pair, make, backward), target, None
 
-    transformer_xl = functools.partial(
-        _transformer_xl_pair, backend, length, dtype, native.torch_relative_attention
-    )
-    yield "Transformer-XL causal fwd", "the authors' rel_shift code", transformer_xl, 1.0, 0.1
+    authors = "the authors' rel_shift code"
+    for backward in (False, True):
+        transformer_xl = functools.partial(
+            _transformer_xl_pair, backend, length, dtype, native.torch_relative_attention,
+            backward=backward,
+        )  # fmt: skip
+        what = f"Transformer-XL causal {'fwd+bwd' if backward else 'fwd'}"
+        yield what, authors, transformer_xl, 1.0, 0.1
+    yield from relative_kernel_cases(backend, length, dtype)
 
 
-def _transformer_xl_pair(backend: Target, length: int, dtype: str, theirs: Any) -> Pair:
+def relative_kernel_cases(backend: Target, length: int, dtype: str):
+    """relattn's relative-position kernel (the plan's path for Transformer-XL and DeBERTa
+    on a GPU: Triton on PyTorch, Pallas on JAX) against the floors: the block fold it
+    replaces (compiled where the plan would compile it), FlexAttention's ALiBi on PyTorch
+    or cuDNN's plain causal kernel on JAX (a relative term's cost over the simplest bias's:
+    stretch targets 2 and 1.5), and DeBERTa's c2p + p2c against HF's eager gathers written
+    natively (``native.*_deberta_attention``), time <= 1, memory <= 0.1."""
+    kernel = "Transformer-XL causal fwd, relattn's kernel"
+    fold = "the block fold (relattn.config.path='fold')"
+    floor, floor_target = (
+        ("FlexAttention ALiBi", 2.0) if backend.is_torch
+        else ("jax.nn.dot_product_attention (cudnn) causal", 1.5)
+    )  # fmt: skip
+    for what, baseline, make, targets in (
+        (kernel, fold, _kernel_over_fold_pair, (1.0, None)),
+        (kernel, floor, _kernel_over_alibi_pair, (floor_target, None)),
+        ("DeBERTa c2p+p2c fwd", "HF's eager c2p/p2c gathers written natively", _deberta_pair,
+         (1.0, 0.1)),
+    ):  # fmt: skip
+        yield what, baseline, functools.partial(make, backend, length, dtype), *targets
+
+
+def _transformer_xl_pair(backend: Target, length: int, dtype: str, theirs: Any, *,
+                         backward: bool = False) -> Pair:  # fmt: skip
     """Causal Transformer-XL attention: relattn's call against ``theirs(q, k, v, table, u,
-    v)`` (the same terms written natively), on the GPU case's arrays."""
+    v)`` (the same terms written natively), on the GPU case's arrays; ``backward``: each
+    with its backward pass (PyTorch)."""
     a = gpu_arrays(backend, "transformer-xl", length, dtype)
-    args = tuple(a[n] for n in ("q", "k", "v", "position_table"))
-    u, w = a["content_bias"], a["position_bias"]
-    ours = functools.partial(relattn.relative_attention, *args, content_bias=u,
-                             position_bias=w, causal=True)  # fmt: skip
-    return Pair(ours, functools.partial(theirs, *args, u, w))
+    table, u, w = a["position_table"], a["content_bias"], a["position_bias"]
+    ours = functools.partial(_transformer_xl, table=table, u=u, w=w)
+    native_call = functools.partial(_native_transformer_xl, theirs, table=table, u=u, w=w)
+    q, k, v = a["q"], a["k"], a["v"]
+    if backward:
+        return Pair(_torch_backward(ours, q, k, v), _torch_backward(native_call, q, k, v))
+    return Pair(functools.partial(ours, q, k, v), functools.partial(native_call, q, k, v))
+
+
+def _transformer_xl(q: Any, k: Any, v: Any, *, table: Any, u: Any, w: Any) -> Any:
+    return relattn.relative_attention(q, k, v, table, content_bias=u, position_bias=w,
+                                      causal=True)  # fmt: skip
+
+
+def _native_transformer_xl(theirs: Any, q: Any, k: Any, v: Any, *, table: Any, u: Any,
+                           w: Any) -> Any:  # fmt: skip
+    return theirs(q, k, v, table, u, w)
+
+
+def _forced(fn: Callable[..., Any], path: str, backend: Target) -> Callable[..., Any]:
+    """``fn`` run with ``relattn.config.path`` forced to ``path`` (JAX: traced under it, in
+    one ``jax.jit``)."""
+
+    def call(*args: Any) -> Any:
+        with relattn.config.override(path=path):
+            return fn(*args)
+
+    return backend.default_jit(call)
+
+
+def _kernel_name(backend: Target) -> str:
+    return "triton" if backend.is_torch else "pallas"
+
+
+def _kernel_over_fold_pair(backend: Target, length: int, dtype: str) -> Pair:
+    """Causal Transformer-XL on relattn's kernel against the block fold (forced), on the
+    Transformer-XL case's arrays."""
+    a = gpu_arrays(backend, "transformer-xl", length, dtype)
+    call = functools.partial(_transformer_xl, table=a["position_table"],
+                             u=a["content_bias"], w=a["position_bias"])  # fmt: skip
+    qkv = (a["q"], a["k"], a["v"])
+    ours = _forced(call, _kernel_name(backend), backend)
+    theirs = _forced(call, "fold", backend)
+    return _pair_of(backend, ours, theirs, qkv, qkv)
+
+
+def _pair_of(backend: Target, ours: Any, theirs: Any, ours_args: tuple,
+             theirs_args: tuple) -> Pair:  # fmt: skip
+    """A :class:`Pair` of two calls; on JAX with their compiled programs' bytes."""
+    if backend.is_jax:
+        return Pair(functools.partial(ours, *ours_args), functools.partial(theirs, *theirs_args),
+                    functools.partial(_jax_program_bytes, ours, *ours_args),
+                    functools.partial(_jax_program_bytes, theirs, *theirs_args))  # fmt: skip
+    return Pair(functools.partial(ours, *ours_args), functools.partial(theirs, *theirs_args))
+
+
+def _kernel_over_alibi_pair(backend: Target, length: int, dtype: str) -> Pair:
+    """Causal Transformer-XL on relattn's kernel against the simplest fast causal call of
+    the library: FlexAttention's ALiBi (PyTorch), cuDNN's plain causal kernel (JAX)."""
+    a = gpu_arrays(backend, "transformer-xl", length, dtype)
+    call = functools.partial(_transformer_xl, table=a["position_table"],
+                             u=a["content_bias"], w=a["position_bias"])  # fmt: skip
+    qkv = (a["q"], a["k"], a["v"])
+    ours = _forced(call, _kernel_name(backend), backend)
+    if backend.is_torch:
+        import torch
+
+        slopes = torch.asarray(np.asarray(relattn.alibi_slopes(GPU_HEADS), dtype=np.float32),
+                               device=a["q"].device)  # fmt: skip
+        flex = native.torch_flex_attention(*qkv, slopes=slopes, causal=True)
+        return Pair(functools.partial(ours, *qkv), functools.partial(flex, *qkv), same=False)
+    import jax
+
+    theirs = jax.jit(functools.partial(native.jax_attention, causal=True,
+                                       implementation="cudnn"))  # fmt: skip
+    return replace(_pair_of(backend, ours, theirs, qkv, qkv), same=False)
+
+
+def _deberta_pair(backend: Target, length: int, dtype: str) -> Pair:
+    """DeBERTa's content-to-position and position-to-content terms (full layout, one table
+    row per distance, ``scale = 1/√(3d)``): relattn against HF's eager gathers written in
+    the library (``native.<library>_deberta_attention``)."""
+    a = gpu_arrays(backend, "deberta", length, dtype)
+    scale = (3 * a["q"].shape[-1]) ** -0.5
+    qkv = (a["q"], a["k"], a["v"])
+    tables = (a["position_table"], a["query_position_table"])
+
+    def ours(q: Any, k: Any, v: Any, key_table: Any, query_table: Any) -> Any:
+        return relattn.relative_attention(q, k, v, key_table, query_position_table=query_table,
+                                          scale=scale)  # fmt: skip
+
+    theirs = native.native("deberta_attention", backend, scale=scale)
+    return _pair_of(backend, backend.default_jit(ours), theirs, (*qkv, *tables),
+                    (*qkv, *tables))  # fmt: skip
 
 
 def _jax_program_bytes(jitted: Callable[..., Any], *args: Any) -> int:
@@ -620,6 +740,7 @@ def jax_gpu_cases(backend: Target, length: int, dtype: str):
     for implementation, target in (("cudnn", 1.5), ("xla", 1.0)):
         baseline = f"jax.nn.dot_product_attention ({implementation})"
         yield "causal fwd", baseline, functools.partial(pair, implementation), target, None
+    yield from relative_kernel_cases(backend, length, dtype)
 
 
 def cupy_gpu_cases(backend: Target, length: int, dtype: str):
@@ -690,8 +811,8 @@ def gpu_case(name: str, what: str, baseline: str, make: Callable[[], Pair], targ
         alone = statistics.median(common.timed(pair.ours, backend) for _ in range(repeats))
         return [Row(title, name, ms(alone), f"failed: {_error(e)}", math.nan, target, None)]
     tolerance = GPU_TOLERANCE.get(dtype, 1e-2)
-    worst = max(float(np.max(np.abs(a - b), initial=0.0))
-                for a, b in zip(ours_out, theirs_out, strict=True))  # fmt: skip
+    pairs = zip(ours_out, theirs_out, strict=True) if pair.same else ()
+    worst = max((float(np.max(np.abs(a - b), initial=0.0)) for a, b in pairs), default=0.0)
     del ours_out, theirs_out
     if not worst <= tolerance:
         _release(backend)

@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["PATHS", "Config", "Settings", "config"]
 
 #: The paths a plan can take (:mod:`relattn.plan`), the names ``path=`` accepts.
-PATHS = ("fused", "flex", "dense", "fold")
+PATHS = ("fused", "flex", "triton", "pallas", "dense", "fold")
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,11 @@ class Settings:
         free memory on a GPU (:func:`relattn.plan.device_budget`).
     path : str or None
         Force one path for every call (``"fused"``: the library's attention
-        kernel; ``"flex"``: FlexAttention; ``"dense"``; ``"fold"``: the block
-        fold), as ``torch.nn.attention.sdpa_kernel`` forces a backend: a call that
-        path cannot compute raises ``ValueError`` saying why. ``None``: the plan
-        chooses.
+        kernel; ``"flex"``: FlexAttention; ``"triton"``, ``"pallas"``: relattn's
+        relative-position kernels, in their interpreters on a CPU; ``"dense"``;
+        ``"fold"``: the block fold), as ``torch.nn.attention.sdpa_kernel``
+        forces a backend: a call that path cannot compute raises ``ValueError``
+        saying why. ``None``: the plan chooses.
     compile : bool or None
         Whether paths that compile on their first call of each shape
         (FlexAttention, the fold's compiled block step) may be chosen.

@@ -169,7 +169,9 @@ def attention(p: Problem) -> Any:
         arrays = p.arrays()
         blank = _staged_problem(p, arrays, backend)
         if blank is not None:
-            return staged(_attention_of, (blank,), arrays)
+            # Compiled per problem and settings: a program traced under one
+            # relattn.config (path, budget) is not reused under another.
+            return staged(_attention_of, (blank, config.settings), arrays)
     # Explained, a staged call is planned as its trace would be: without values.
     eager = not (explaining and staged is not None) and backend.has_values(p.q)
     if p.has_positions and eager and p.score_mod is None and p.mask_mod is None:
@@ -280,8 +282,9 @@ def _staged_problem(p: Problem, arrays: tuple[Any, ...], backend: Any) -> Proble
     return blank
 
 
-def _attention_of(blank: Problem, *arrays: Any) -> Any:
-    """:func:`attention` of ``blank`` given its arrays (for ``Backend.staged``)."""
+def _attention_of(blank: Problem, settings: Any, *arrays: Any) -> Any:
+    """:func:`attention` of ``blank`` given its arrays (for ``Backend.staged``), traced
+    under ``settings`` (:data:`relattn.config`'s, which the trace reads)."""
     return attention(blank.with_arrays(arrays))
 
 

@@ -21,6 +21,10 @@ exactly and records why it passed over the others (:attr:`Plan.refused`):
              functions of the indices, never an ``(Lq, Lk)`` array; compiled on
              its first call of each shape, so taken where that pays
              (:attr:`relattn.config.compile <relattn._config.Settings.compile>`)
+``triton``   relattn's own kernels (:mod:`relattn.backends._relative`), on a GPU:
+``pallas``   the terms no library kernel has (Transformer-XL's ``(q + v)·Kʳ[δ]``,
+             DeBERTa's ``k·Qʳ[δ]``, with per-distance biases and the causal mask)
+             formed inside the tiles, ``O(L)`` memory, forward and backward
 ``fused``    the same kernel given the relative terms as an ``(Lq, Lk)`` bias and
              the masks as a mask, while that fits the budget
 ``dense``    relattn's array-API path with the whole ``(Lq, Lk)`` scores, while
@@ -173,7 +177,8 @@ class Plan:
     ----------
     path : str
         ``"empty"`` (an empty result or no key: zeros), ``"fused"``, ``"flex"``,
-        ``"dense"`` or ``"fold"`` (the module docstring's table).
+        ``"triton"``, ``"pallas"``, ``"dense"`` or ``"fold"`` (the module
+        docstring's table).
     block_size : tuple of int or None
         The fold's ``(query block, key block)``; ``None`` off the fold.
     device : str
@@ -384,10 +389,17 @@ def choose(
     ):
         detail = kernel_name + (", its own causal mask" if causal_kernel else "")
         return plan("fused", None, _kernel_peak_bytes(p), detail, causal_kernel=causal_kernel)
-    # 2. Kernels of their own terms (FlexAttention).
+    # 2. Kernels of their own terms (FlexAttention, relattn's Triton and Pallas kernels).
     for kernel in backend.kernels:
         why = kernel.refuse(p)
-        if why is None and kernel.compiles and not settings.compile:
+        if why is None and kernel.gpu_only and kind == "cpu":
+            # Interpreted there (nothing compiles), and only where the caller asks.
+            if forced != kernel.name:
+                why = (
+                    "a GPU kernel, which a CPU runs only in its interpreter (slow): taken"
+                    f" there where relattn.config.path={kernel.name!r} forces it"
+                )
+        elif why is None and kernel.compiles and not settings.compile:
             if settings.compile is False:
                 why = "it compiles, and relattn.config.compile is False"
             elif kind == "cpu":

@@ -114,7 +114,7 @@ def test_gpu_rows_on_cpu_stand_ins(compare):
     xla = [r for r in rows if r.backend == "jax" and "(xla)" in r.what]
     assert len(xla) == 2 and "peak memory" in xla[1].what and xla[0].value > 0
     cudnn = [r for r in rows if "(cudnn)" in r.what]
-    assert len(cudnn) == 1 and "failed" in cudnn[0].theirs
+    assert len(cudnn) == 2 and all("failed" in r.theirs for r in cudnn)
     assert all(r.ok is None for r in rows)  # the targets apply to bf16 at L >= 4096
 
 
@@ -125,7 +125,7 @@ def test_torch_gpu_rows_on_the_cpu(compare):
     its backward, which a CPU lacks, gives a row saying so."""
     pytest.importorskip("torch")
     rows = compare.gpu(["torch"], 1, lengths=(64,), dtypes=("float32",))
-    assert len(rows) == 9, [r.what for r in rows]
+    assert len(rows) == 13, [r.what for r in rows]
     for row in rows:
         if "FlexAttention" in row.what and "fwd+bwd" in row.what:
             assert "failed" in row.theirs, row

@@ -304,6 +304,32 @@ def numpy_swin_window_attention(q, k, v, table, index, attn_mask, scale=None, li
     return numpy_softmax(attn.reshape(-1, heads, n, n), None, lib) @ v
 
 
+def deberta_index(query_length: int, key_length: int, lib: Any = np) -> Any:
+    """HF DeBERTa's ``c2p_pos`` without buckets: the full layout's column of each pair,
+    ``m(i, j) = j - i + Lq - 1`` (``(Lq, Lk)``, int64)."""
+    i = lib.arange(query_length)[:, None]
+    j = lib.arange(key_length)[None, :]
+    return j - i + (query_length - 1)
+
+
+def numpy_deberta_attention(q, k, v, key_table, query_table, scale, lib: Any = np):
+    """DeBERTa's disentangled attention as HF's eager ``DisentangledSelfAttention``
+    computes it, one table row per distance (full layout ``W = Lq + Lk - 1``): ``q kᵀ``,
+    the content-to-position scores ``q Kʳᵀ`` gathered at ``m(i, j)``, the
+    position-to-content scores ``k Qʳᵀ`` gathered at ``m(i, j)`` per key and transposed,
+    all times ``scale``; softmax; ``@ v``."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    index = deberta_index(lq, lk, lib)
+    scores = q @ lib.swapaxes(k, -1, -2)
+    c2p = q @ lib.swapaxes(key_table, -1, -2)
+    scores = scores + lib.take_along_axis(c2p, lib.broadcast_to(index, (*c2p.shape[:-1], lk)),
+                                          axis=-1)  # fmt: skip
+    p2c = k @ lib.swapaxes(query_table, -1, -2)
+    p2c = lib.take_along_axis(p2c, lib.broadcast_to(index.T, (*p2c.shape[:-1], lq)), axis=-1)
+    scores = (scores + lib.swapaxes(p2c, -1, -2)) * scale
+    return numpy_softmax(scores, None, lib) @ v
+
+
 # -- PyTorch -------------------------------------------------------------
 
 
@@ -574,6 +600,21 @@ def torch_swin_window_attention(q, k, v, table, index, attn_mask, scale=None):
     return attn @ v
 
 
+def torch_deberta_attention(q, k, v, key_table, query_table, scale):
+    """:func:`numpy_deberta_attention` as HF writes it: ``torch.gather`` of the two
+    products with the index expanded, ``transpose(-1, -2)``, ``softmax(dim=-1)``."""
+    import torch
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    index = deberta_index(lq, lk, torch).to(q.device)
+    scores = q @ k.transpose(-1, -2)
+    c2p = q @ key_table.transpose(-1, -2)
+    scores = scores + torch.gather(c2p, -1, index.expand(*c2p.shape[:-1], lk))
+    p2c = k @ query_table.transpose(-1, -2)
+    p2c = torch.gather(p2c, -1, index.T.expand(*p2c.shape[:-1], lq)).transpose(-1, -2)
+    return ((scores + p2c) * scale).softmax(dim=-1) @ v
+
+
 # -- JAX (call through ``jax.jit``) -------------------------------------
 
 
@@ -745,6 +786,22 @@ def jax_swin_window_attention(q, k, v, table, index, attn_mask, scale=None):
     return jax.nn.softmax(attn.reshape(-1, heads, n, n), axis=-1) @ v
 
 
+def jax_deberta_attention(q, k, v, key_table, query_table, scale):
+    """:func:`numpy_deberta_attention` in ``jax.numpy``."""
+    import jax
+    import jax.numpy as jnp
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    index = deberta_index(lq, lk, jnp)
+    scores = q @ jnp.swapaxes(k, -1, -2)
+    c2p = q @ jnp.swapaxes(key_table, -1, -2)
+    scores = scores + jnp.take_along_axis(c2p, jnp.broadcast_to(index, (*c2p.shape[:-1], lk)),
+                                          axis=-1)  # fmt: skip
+    p2c = k @ jnp.swapaxes(query_table, -1, -2)
+    p2c = jnp.take_along_axis(p2c, jnp.broadcast_to(index.T, (*p2c.shape[:-1], lq)), axis=-1)
+    return jax.nn.softmax((scores + jnp.swapaxes(p2c, -1, -2)) * scale, axis=-1) @ v
+
+
 # -- the table the benchmarks use ----------------------------------------
 
 #: ``{function: {backend family: native implementation}}``; "numpy" serves
@@ -797,6 +854,12 @@ NATIVE = {
         "numpy": numpy_sam_attention,
         "torch": torch_sam_attention,
         "jax": jax_sam_attention,
+    },
+    #: DeBERTa's c2p and p2c terms as HF's eager attention gathers them.
+    "deberta_attention": {
+        "numpy": numpy_deberta_attention,
+        "torch": torch_deberta_attention,
+        "jax": jax_deberta_attention,
     },
     #: Swin's (shifted) window attention with its relative position bias.
     "swin_window_attention": {
@@ -863,9 +926,10 @@ def check(backend_name: str) -> None:
     tol = {"rtol": 2e-4, "atol": 2e-5}
 
     def same(function: str, args: tuple, kwargs: dict, native_args: tuple | None = None, *,
-             native_function: str | None = None) -> None:  # fmt: skip
+             native_function: str | None = None,
+             native_static: dict | None = None) -> None:  # fmt: skip
         ours = getattr(relattn, function)(*args, **kwargs)
-        theirs = native(native_function or function, backend)(
+        theirs = native(native_function or function, backend, **(native_static or {}))(
             *(args if native_args is None else native_args)
         )
         np.testing.assert_allclose(
@@ -924,6 +988,12 @@ def check(backend_name: str) -> None:
         arrays = common.on(backend, common.shaw_inputs(lq, key_len=lk))
         args = tuple(arrays[n] for n in ("q", "k", "v", "key_table", "value_table"))
         same("shaw_attention", args, {})
+        arrays = common.on(backend, common.plan_inputs("deberta", lq, heads=2))
+        tables = (arrays["position_table"], arrays["query_position_table"])
+        qkv = (arrays["q"], arrays["k"], arrays["v"])
+        same("relative_attention", (*qkv, tables[0]),
+             {"query_position_table": tables[1], "scale": 0.125}, (*qkv, *tables),
+             native_function="deberta_attention", native_static={"scale": 0.125})  # fmt: skip
     if not all(
         hasattr(relattn, f) for f in ("rotary_position_embedding", "relative_position_bucket")
     ):

@@ -56,12 +56,17 @@ class Kernel:
         The first call of each shape compiles (seconds on a CPU): the plan
         takes such a kernel only where it is worth its compile (see
         :mod:`relattn.plan`).
+    gpu_only : bool
+        A GPU kernel, which a CPU runs only in its library's interpreter: the
+        plan takes it on a CPU only where ``relattn.config.path`` forces it
+        (relattn's Triton and Pallas kernels, for tests).
     """
 
     name: str
     refuse: Callable[[Any], str | None]
     prepare: Callable[[Any], Callable[[Any], Any]]
     compiles: bool = False
+    gpu_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._base import Backend
+from ._relative import PALLAS
 
 
 def _stop_gradient(x: Any) -> Any:
@@ -272,6 +273,7 @@ BACKEND = Backend(
     collective=_Collective,
     fused_attention=_fused_attention,
     kernel_name="jax.nn.dot_product_attention",
+    kernels=(PALLAS,),
     free_memory=_free_memory,
     matmul_transposed=_matmul_transposed,
 )

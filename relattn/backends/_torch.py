@@ -11,6 +11,7 @@ from typing import Any
 
 from ._base import Backend
 from ._flex import KERNEL as FLEX
+from ._relative import TRITON
 from ._torch_types import is_dtensor, own_code
 
 
@@ -211,7 +212,7 @@ BACKEND = Backend(
     checkpoint=_checkpoint,
     fused_attention=_fused_attention,
     kernel_name="torch SDPA",
-    kernels=(FLEX,),
+    kernels=(FLEX, TRITON),
     needs_grad=_needs_grad,
     step_compiler=_step_compiler,
     free_memory=_free_memory,

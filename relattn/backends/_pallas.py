@@ -1,0 +1,822 @@
+"""relattn's fused relative-position attention for JAX: Pallas kernels (forward and backward).
+
+One program per ``(batch·head, query tile)`` streams the key tiles with an online softmax
+(FlashAttention's layout, as ``jax.experimental.pallas.ops.gpu.attention`` lays it out:
+the program's query tile as its block, the whole per-``(b, h)`` keys, values and tables as
+blocks read with ``pl.ds`` slices in a ``lax.fori_loop``). The per-distance terms of a tile
+pair are one tile product with the window of table rows the pair's distances span, moved
+to key columns inside the tile (the relative shift of Transformer-XL's appendix B, done as
+a gather). The backward recomputes the scores tile by tile (FlashAttention-2): one kernel
+for ``dq`` and ``dqp``, one for ``dk``, ``dv`` and ``dks``, and one program per tile
+diagonal for the tables' gradients, whose partial windows are overlap-added outside.
+Deterministic: no atomics.
+
+On a CPU the kernels run in Pallas's interpreter (slow: for tests); on a GPU they are
+compiled through Pallas's Triton lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+__all__ = ["relative_attention_kernel"]
+
+#: The largest feature size (``d``, ``d_v``) a tile holds.
+MAX_HEAD_DIM = 256
+#: The smallest tile (and padded feature size) the kernels use: Triton's ``tl.dot`` takes
+#: no operand dimension below 16; the interpreter takes tiles of 8 too.
+MIN_TILE_COMPILED = 16
+MIN_TILE = 8
+DEFAULT_TILE = 64
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class _Inputs(NamedTuple):
+    """The kernels' operands, padded to whole tiles and to ``T`` table rows (by
+    :func:`relative_attention_kernel`); ``None`` where absent."""
+
+    q: Any  # (B, H, Lq', dp)
+    k: Any  # (B, H, Lk', dp)
+    v: Any  # (B, H, Lk', dvp)
+    qp: Any  # (B, H, Lq', dp), with key_table
+    key_table: Any  # (B or 1, H or 1, T, dp)
+    ks: Any  # (B, H, Lk', dp), with query_table
+    query_table: Any  # (B or 1, H or 1, T, dp)
+    relative_bias: Any  # (B or 1, H or 1, T)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """The static facts of a call: true and padded lengths, tiles, terms."""
+
+    heads: int
+    lq: int
+    lk: int
+    lq_pad: int
+    lk_pad: int
+    block_q: int
+    block_k: int
+    causal: bool
+    interpret: bool
+    has_key_table: bool
+    has_query_table: bool
+    has_bias: bool
+
+    @property
+    def block_t(self) -> int:
+        """The square tile of the tables' gradient kernel (one window per tile diagonal)."""
+        return min(self.block_q, self.block_k)
+
+
+def _window(bm: int, bn: int) -> int:
+    """Rows of table a ``(bm, bn)`` tile pair reads: its ``bm + bn - 1`` distances, padded to
+    a power of two (Triton's tensors)."""
+    return pl.next_power_of_2(bm + bn - 1)
+
+
+def _table_rows(lq_pad: int, lk_pad: int, bm: int, bn: int) -> int:
+    """Rows of a padded table, enough for every window of every kernel.
+
+    A pair's window starts at padded row ``j0 - i0 - bm + Lq'`` (see :func:`_scores`); the
+    last forward window ends before ``Lq' + Lk' - bm - bn + window``, the last tile
+    diagonal's (square tiles, window ``2·bt``) before ``Lq' + Lk'``.
+    """
+    return lq_pad + lk_pad + max(0, _window(bm, bn) - bm - bn)
+
+
+def _acc_dtype(dtype: Any) -> Any:
+    """float64 stays float64 (the interpreter with ``jax_enable_x64``); the rest accumulate in
+    float32."""
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def _dot(a: Any, b: Any, contract: tuple[int, int], acc: Any) -> Any:
+    """``a`` times ``b`` over axis ``contract[0]`` of ``a`` and ``contract[1]`` of ``b``:
+    ``(1, 1)`` is ``a @ bᵀ``, ``(1, 0)`` ``a @ b``, ``(0, 0)`` ``aᵀ @ b``. IEEE float32 on
+    GPUs too (not TF32)."""
+    return lax.dot_general(
+        a, b, (((contract[0],), (contract[1],)), ((), ())),
+        precision=lax.Precision.HIGHEST, preferred_element_type=acc,
+    )  # fmt: skip
+
+
+def _iota(shape: tuple[int, int], axis: int) -> Any:
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+# ------------------------------------------------------------------------------------------
+# The relative shift inside a tile, and its transposes
+#
+# Gathers (``jnp.take_along_axis``). The interpreter runs them; jax 0.10.2's Pallas Triton
+# lowering registers no rule for ``lax.gather_p`` (jax/_src/pallas/triton/lowering.py), so
+# the compiled GPU kernel is unverified here (no GPU in this session) and expected to need a
+# gather-free shift or a newer Pallas (Triton itself has ``tl.gather``).
+# ------------------------------------------------------------------------------------------
+def _shift_index(bm: int, bn: int) -> Any:
+    """``w(r, c) = c - r + bm - 1``: the window row of the tile's cell ``(r, c)``.
+
+    The pair's window starts at its smallest distance, that of cell ``(bm - 1, 0)``; each
+    step right adds one to the distance, each step down takes one off.
+    """
+    return _iota((bm, bn), 1) - _iota((bm, bn), 0) + (bm - 1)
+
+
+def _shift_rows(x: Any, bn: int) -> Any:
+    """``x (bm, win)`` in the window layout to ``(bm, bn)`` key columns:
+    ``out[r, c] = x[r, c - r + bm - 1]``."""
+    # The indices are in [0, bm + bn - 2] < win: no bounds handling needed.
+    index = _shift_index(x.shape[0], bn)
+    return jnp.take_along_axis(x, index, axis=1, mode="promise_in_bounds")
+
+
+def _shift_cols(x: Any, bm: int) -> Any:
+    """``x (win, bn)`` (window rows by keys) to ``(bm, bn)``:
+    ``out[r, c] = x[c - r + bm - 1, c]``."""
+    index = _shift_index(bm, x.shape[1])
+    return jnp.take_along_axis(x, index, axis=0, mode="promise_in_bounds")
+
+
+def _unshift_rows(ds: Any, win: int) -> Any:
+    """Transpose of :func:`_shift_rows`: ``ds (bm, bn)`` to ``(bm, win)`` with
+    ``out[r, c - r + bm - 1] = ds[r, c]``, zero where no key column lands."""
+    bm, bn = ds.shape
+    # out[r, w] = ds[r, w + r - (bm - 1)], read where that key column is in the tile.
+    source = _iota((bm, win), 1) + _iota((bm, win), 0) - (bm - 1)
+    inside = (source >= 0) & (source < bn)
+    taken = jnp.take_along_axis(ds, jnp.clip(source, 0, bn - 1), axis=1, mode="promise_in_bounds")
+    return jnp.where(inside, taken, 0)
+
+
+def _unshift_cols(ds: Any, win: int) -> Any:
+    """Transpose of :func:`_shift_cols`: ``ds (bm, bn)`` to ``(win, bn)`` with
+    ``out[c - r + bm - 1, c] = ds[r, c]``, zero where no query row lands."""
+    bm, bn = ds.shape
+    # out[w, c] = ds[c - w + bm - 1, c], read where that query row is in the tile.
+    source = _iota((win, bn), 1) - _iota((win, bn), 0) + (bm - 1)
+    inside = (source >= 0) & (source < bm)
+    taken = jnp.take_along_axis(ds, jnp.clip(source, 0, bm - 1), axis=0, mode="promise_in_bounds")
+    return jnp.where(inside, taken, 0)
+
+
+# ------------------------------------------------------------------------------------------
+# One tile pair's scores, shared by every kernel
+# ------------------------------------------------------------------------------------------
+class _Tables(NamedTuple):
+    """The per-``(b, h)`` table refs of a kernel, ``None`` where the term is absent."""
+
+    key_table: Any
+    query_table: Any
+    relative_bias: Any
+
+
+class _Windows(NamedTuple):
+    """A tile pair's window of each table, ``(win, dp)``, ``None`` where absent."""
+
+    key_table: Any
+    query_table: Any
+
+
+def _scores(
+    cfg: _Config, i0: Any, j0: Any, q: Any, k: Any, qp: Any, ks: Any, tables: _Tables
+) -> tuple[Any, _Windows]:
+    """The scores of queries ``i0 + [0, bm)`` against keys ``j0 + [0, bn)``, masked to ``-inf``.
+
+    ``s[r, c] = q·k + qp·Kʳ[m] + ks·Qʳ[m] + b[m]`` with ``m = j - i + Lq - 1`` (Dai et al.
+    2019, eq. (3); He et al. 2021, eq. (2)-(4)), each term over the pair's table window.
+    """
+    bm, bn = q.shape[0], k.shape[0]
+    acc = _acc_dtype(q.dtype)
+    win = _window(bm, bn)
+    # Column of the cell (bm - 1, 0): m0 = j0 - (i0 + bm - 1) + Lq - 1; the tables carry
+    # Lq' - Lq rows of zeros in front, so its padded row is m0 + Lq' - Lq (>= 0: i0 <= Lq' - bm).
+    start = j0 - i0 - bm + cfg.lq_pad
+    s = _dot(q, k, (1, 1), acc)
+    key_window = query_window = None
+    if tables.key_table is not None:
+        key_window = tables.key_table[pl.ds(start, win), :]
+        s += _shift_rows(_dot(qp, key_window, (1, 1), acc), bn)  # (bm, win) -> (bm, bn)
+    if tables.query_table is not None:
+        query_window = tables.query_table[pl.ds(start, win), :]
+        s += _shift_cols(_dot(query_window, ks, (1, 1), acc), bm)  # (win, bn) -> (bm, bn)
+    if tables.relative_bias is not None:
+        values = tables.relative_bias[pl.ds(start, win)].astype(acc)
+        s += _shift_rows(jnp.broadcast_to(values[None, :], (bm, win)), bn)
+    rows = i0 + _iota((bm, bn), 0)
+    cols = j0 + _iota((bm, bn), 1)
+    # Padded keys are masked; padded query rows are computed and sliced off by the wrapper
+    # (their output gradient is zero, so they add nothing to any gradient).
+    visible = cols < cfg.lk
+    if cfg.causal:
+        visible &= cols - rows <= cfg.lk - cfg.lq  # δ = j - i - (Lk - Lq) <= 0
+    return jnp.where(visible, s, -jnp.inf), _Windows(key_window, query_window)
+
+
+def _div(x: Any, n: int) -> Any:
+    """``x // n`` for a traced ``x >= 0`` (truncating division, in ``x``'s integer dtype)."""
+    return lax.div(x, jnp.asarray(n, x.dtype))
+
+
+def _key_tiles_end(cfg: _Config, i0: Any, bm: int, bn: int) -> Any:
+    """Key tiles ``[0, end)`` with a visible cell for queries ``i0 + [0, bm)``: all of them,
+    or with ``causal`` those up to the last row's diagonal, ``j <= i0 + bm - 1 + Lk - Lq``."""
+    tiles = cfg.lk_pad // bn
+    if not cfg.causal:
+        return tiles
+    visible = jnp.maximum(i0 + bm + cfg.lk - cfg.lq, 0)  # keys the last row sees
+    return jnp.minimum(_div(visible + bn - 1, bn), tiles)
+
+
+def _query_tiles_start(cfg: _Config, j0: Any, bm: int) -> Any:
+    """The first query tile with a visible cell for keys from ``j0``: 0, or with ``causal``
+    the tile of row ``j0 - (Lk - Lq)`` (the first that sees key ``j0``)."""
+    if not cfg.causal:
+        return 0
+    return _div(jnp.maximum(j0 - (cfg.lk - cfg.lq), 0), bm)
+
+
+def _split(cfg: _Config, refs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any, _Tables]:
+    """``q, k, v, qp, ks`` and the tables from a kernel's operand refs (present ones only,
+    in :class:`_Inputs` order)."""
+    q, k, v, *rest = refs
+    qp = key_table = ks = query_table = bias = None
+    if cfg.has_key_table:
+        qp, key_table, *rest = rest
+    if cfg.has_query_table:
+        ks, query_table, *rest = rest
+    if cfg.has_bias:
+        (bias,) = rest
+    return q, k, v, qp, ks, _Tables(key_table, query_table, bias)
+
+
+def _zeros(present: bool, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An accumulator of zeros, or ``None`` (no carry) for an absent term."""
+    return jnp.zeros(shape, dtype) if present else None
+
+
+def _load(ref: Any, index: Any = None) -> Any:
+    """``ref[index]`` (all of it by default), or ``None`` for an absent operand."""
+    if ref is None:
+        return None
+    return ref[...] if index is None else ref[index]
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------
+def _forward_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
+    """Queries of one tile against every visible key tile: online softmax (FlashAttention-2,
+    algorithm 1). Writes the output tile and each row's logsumexp (0 for a row that sees
+    no key, whose output is 0)."""
+    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
+    out_ref, lse_ref = refs[n_in:]
+    bm, bn = cfg.block_q, cfg.block_k
+    i0 = pl.program_id(1) * bm
+    q, qp = q_ref[...], _load(qp_ref)
+    acc = _acc_dtype(q.dtype)
+
+    def step(t: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        out, m, norm = carry
+        keys = pl.ds(t * bn, bn)
+        k, v, ks = k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None)))
+        s, _ = _scores(cfg, i0, t * bn, q, k, qp, ks, tables)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        # A row that has seen no key yet keeps m = -inf: subtract 0 there, not -inf.
+        m_safe = jnp.where(m_new == -jnp.inf, 0, m_new)
+        p = jnp.exp(s - m_safe[:, None])
+        rescale = jnp.exp(m - m_safe)
+        out = out * rescale[:, None] + _dot(p.astype(v.dtype), v, (1, 0), acc)
+        return out, m_new, norm * rescale + jnp.sum(p, axis=1)
+
+    start = (
+        jnp.zeros((bm, v_ref.shape[-1]), acc),
+        jnp.full((bm,), -jnp.inf, acc),
+        jnp.zeros((bm,), acc),
+    )
+    out, m, norm = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
+    seen = norm > 0
+    norm = jnp.where(seen, norm, 1)
+    out_ref[...] = (out / norm[:, None]).astype(out_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m, 0) + jnp.log(norm)
+
+
+def _backward_tile(
+    cfg: _Config, i0: Any, j0: Any, rows: tuple[Any, ...], cols: tuple[Any, ...], tables: _Tables
+) -> tuple[Any, Any, _Windows]:
+    """``P`` and ``dS = P ⊙ (dO vᵀ - D)`` of one tile pair (FlashAttention-2, algorithm 2)
+    and the pair's table windows. ``rows = (q, qp, dO, lse, D)``, ``cols = (k, v, ks)``."""
+    q, qp, do, lse, delta = rows
+    k, v, ks = cols
+    s, windows = _scores(cfg, i0, j0, q, k, qp, ks, tables)
+    p = jnp.exp(s - lse[:, None])  # 0 at masked cells (s = -inf), lse finite
+    ds = p * (_dot(do, v, (1, 1), p.dtype) - delta[:, None])
+    return p, ds, windows
+
+
+def _dq_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
+    """``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]`` for one query tile."""
+    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
+    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    dq_ref, *dqp_ref = refs[n_in + 3 :]
+    bm, bn = cfg.block_q, cfg.block_k
+    i0 = pl.program_id(1) * bm
+    rows = (q_ref[...], _load(qp_ref), do_ref[...], lse_ref[...], delta_ref[...])
+    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+    win = _window(bm, bn)
+
+    def step(t: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        dq, dqp = carry
+        keys = pl.ds(t * bn, bn)
+        cols = (k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None))))
+        _, ds, windows = _backward_tile(cfg, i0, t * bn, rows, cols, tables)
+        dq += _dot(ds.astype(dtype), cols[0], (1, 0), acc)
+        if cfg.has_key_table:
+            # dS back in the window layout, then against the window: Σ_j dS_ij Kʳ[m(i, j)].
+            dqp += _dot(_unshift_rows(ds, win).astype(dtype), windows.key_table, (1, 0), acc)
+        return dq, dqp
+
+    start = (_zeros(True, q_ref.shape, acc), _zeros(cfg.has_key_table, q_ref.shape, acc))
+    dq, dqp = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
+    dq_ref[...] = dq.astype(dtype)
+    if dqp_ref:
+        dqp_ref[0][...] = dqp.astype(dtype)
+
+
+def _dkv_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
+    """``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]`` for one key tile."""
+    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
+    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    dk_ref, dv_ref, *dks_ref = refs[n_in + 3 :]
+    bm, bn = cfg.block_q, cfg.block_k
+    j0 = pl.program_id(1) * bn
+    cols = (k_ref[...], v_ref[...], _load(ks_ref))
+    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+    win = _window(bm, bn)
+
+    def step(t: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        dk, dv, dks = carry
+        queries = pl.ds(t * bm, bm)
+        rows = (
+            q_ref[queries, :], _load(qp_ref, (queries, slice(None))), do_ref[queries, :],
+            lse_ref[queries], delta_ref[queries],
+        )  # fmt: skip
+        p, ds, windows = _backward_tile(cfg, t * bm, j0, rows, cols, tables)
+        dk += _dot(ds.astype(dtype), rows[0], (0, 0), acc)
+        dv += _dot(p.astype(dtype), rows[2], (0, 0), acc)
+        if cfg.has_query_table:
+            # dS in the window layout of the key side: Σ_i dS_ij Qʳ[m(i, j)].
+            dks += _dot(_unshift_cols(ds, win).astype(dtype), windows.query_table, (0, 0), acc)
+        return dk, dv, dks
+
+    start = (
+        _zeros(True, k_ref.shape, acc), _zeros(True, v_ref.shape, acc),
+        _zeros(cfg.has_query_table, k_ref.shape, acc),
+    )  # fmt: skip
+    first = _query_tiles_start(cfg, j0, bm)
+    dk, dv, dks = lax.fori_loop(first, cfg.lq_pad // bm, step, start)
+    dk_ref[...] = dk.astype(dtype)
+    dv_ref[...] = dv.astype(dtype)
+    if dks_ref:
+        dks_ref[0][...] = dks.astype(dtype)
+
+
+def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
+    """The tables' gradients of one tile diagonal, as ``(2·bt, ·)`` windows.
+
+    Square tiles of ``bt``: every pair of diagonal ``t`` (key tile minus query tile
+    ``t - (nq - 1)``) reads the same window of table rows, padded rows ``[t·bt, t·bt +
+    2·bt)``, so the diagonal accumulates one window of ``dKʳ[m] = Σ dS_ij qp_i``,
+    ``dQʳ[m] = Σ dS_ij ks_j`` and ``db[m] = Σ dS_ij`` over ``m(i, j) = m``.
+    """
+    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
+    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    outs = refs[n_in + 3 :]
+    bt = cfg.block_t
+    win = 2 * bt  # _window(bt, bt): 2·bt - 1 distances, padded to a power of two
+    nq, nk = cfg.lq_pad // bt, cfg.lk_pad // bt
+    t = pl.program_id(1)
+    offset = t - (nq - 1)  # key tile minus query tile
+    first, end = jnp.maximum(0, -offset), jnp.minimum(nq, nk - offset)
+    if cfg.causal:
+        # The whole diagonal is masked when its smallest key exceeds its largest query's
+        # last visible key: j0 > i0 + bt - 1 + Lk - Lq with j0 - i0 = offset·bt.
+        end = jnp.where(offset * bt > bt - 1 + cfg.lk - cfg.lq, first, end)
+    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+
+    def step(i: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        dkt, dqt, db = carry
+        queries, keys = pl.ds(i * bt, bt), pl.ds((i + offset) * bt, bt)
+        rows = (
+            q_ref[queries, :], _load(qp_ref, (queries, slice(None))), do_ref[queries, :],
+            lse_ref[queries], delta_ref[queries],
+        )  # fmt: skip
+        cols = (k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None))))
+        _, ds, _ = _backward_tile(cfg, i * bt, (i + offset) * bt, rows, cols, tables)
+        if cfg.has_key_table or cfg.has_bias:
+            ds_rows = _unshift_rows(ds, win)  # (bt, win): each query's distances
+            if cfg.has_key_table:
+                dkt += _dot(ds_rows.astype(dtype), rows[1], (0, 0), acc)
+            if cfg.has_bias:
+                db += jnp.sum(ds_rows, axis=0)
+        if cfg.has_query_table:
+            dqt += _dot(_unshift_cols(ds, win).astype(dtype), cols[2], (1, 0), acc)
+        return dkt, dqt, db
+
+    window = (win, q_ref.shape[-1])
+    start = (
+        _zeros(cfg.has_key_table, window, acc), _zeros(cfg.has_query_table, window, acc),
+        _zeros(cfg.has_bias, (win,), acc),
+    )  # fmt: skip
+    results = lax.fori_loop(first, end, step, start)
+    for out_ref, value in zip(outs, (r for r in results if r is not None), strict=True):
+        out_ref[...] = value
+
+
+# ------------------------------------------------------------------------------------------
+# The pallas_calls
+# ------------------------------------------------------------------------------------------
+def _block(cfg: _Config, x: Any, rows: int | None = None) -> pl.BlockSpec:
+    """The block of ``x (B or 1, H or 1, L, ...)`` a program of grid ``(B·H, n)`` reads:
+    ``rows`` rows of tile ``n`` along axis 2, or all of axis 2 (``rows=None``). A leading
+    dim of 1 is broadcast (every program reads its one entry)."""
+    heads, tail = cfg.heads, x.shape[3:]
+    batch_of = (lambda bh: _div(bh, heads)) if x.shape[0] > 1 else (lambda bh: 0)
+    head_of = (lambda bh: bh - _div(bh, heads) * heads) if x.shape[1] > 1 else (lambda bh: 0)
+    zeros = (0,) * len(tail)
+    if rows is None:
+        return pl.BlockSpec(
+            (None, None, x.shape[2], *tail), lambda bh, n: (batch_of(bh), head_of(bh), 0, *zeros)
+        )
+    return pl.BlockSpec(
+        (None, None, rows, *tail), lambda bh, n: (batch_of(bh), head_of(bh), n, *zeros)
+    )
+
+
+#: The :class:`_Inputs` fields along the queries' and along the keys' axis.
+QUERY_SIDE = ("q", "qp")
+KEY_SIDE = ("k", "v", "ks")
+
+
+def _tiled(x: _Inputs, query_rows: int | None, key_rows: int | None) -> list[Any]:
+    """``x``'s operands (the present ones, in order) with their tile rows: ``query_rows``
+    for the query-side arrays, ``key_rows`` for the key-side ones, the tables whole."""
+    rows = dict.fromkeys(QUERY_SIDE, query_rows) | dict.fromkeys(KEY_SIDE, key_rows)
+    return [(a, rows.get(name)) for name, a in zip(x._fields, x, strict=True) if a is not None]
+
+
+def _call(
+    cfg: _Config,
+    kernel: Any,
+    grid: tuple[int, int],
+    operands: Sequence[tuple[Any, int | None]],
+    outputs: Sequence[tuple[tuple[int, ...], Any, int | None]],
+    n_in: int,
+    name: str,
+) -> Any:
+    """``pl.pallas_call`` of ``kernel(cfg, n_in, *refs)`` over ``grid``: ``n_in`` operands of
+    :class:`_Inputs` then the rest of ``operands``, ``outputs`` as (shape, dtype); each with
+    its tile rows (``None``: the whole axis)."""
+    shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs]
+    return pl.pallas_call(
+        functools.partial(kernel, cfg, n_in),
+        grid=grid,
+        in_specs=[_block(cfg, a, rows) for a, rows in operands],
+        out_specs=[_block(cfg, s, rows) for s, (_, _, rows) in zip(shapes, outputs, strict=True)],
+        out_shape=shapes,
+        interpret=cfg.interpret,
+        name=name,
+    )(*(a for a, _ in operands))
+
+
+def _forward(cfg: _Config, x: _Inputs) -> tuple[Any, Any]:
+    batch, heads = x.q.shape[:2]
+    bm = cfg.block_q
+    operands = _tiled(x, bm, None)
+    out, lse = _call(
+        cfg, _forward_kernel, (batch * heads, cfg.lq_pad // bm), operands,
+        [((batch, heads, cfg.lq_pad, x.v.shape[-1]), x.q.dtype, bm),
+         ((batch, heads, cfg.lq_pad), _acc_dtype(x.q.dtype), bm)],
+        len(operands), "relattn_relative_attention_forward",
+    )  # fmt: skip
+    return out, lse
+
+
+def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Inputs:
+    """The operands' gradients, in :class:`_Inputs` layout (FlashAttention-2, algorithm 2)."""
+    batch, heads, lq_pad, dp = x.q.shape
+    lk_pad, grid = cfg.lk_pad, batch * heads
+    dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
+    bm, bn, bt = cfg.block_q, cfg.block_k, cfg.block_t
+    delta = jnp.sum(out.astype(acc) * dout.astype(acc), axis=-1)  # D_i = rowsum(dO ⊙ O)
+
+    operands = _tiled(x, bm, None)
+    grads = [((batch, heads, lq_pad, dp), dtype, bm)] * (1 + cfg.has_key_table)
+    dq, *dqp = _call(
+        cfg, _dq_kernel, (grid, lq_pad // bm), [*operands, (dout, bm), (lse, bm), (delta, bm)],
+        grads, len(operands), "relattn_relative_attention_dq",
+    )  # fmt: skip
+
+    operands = _tiled(x, None, bn)
+    stats = [(dout, None), (lse, None), (delta, None)]
+    grads = [((batch, heads, lk_pad, dp), dtype, bn), (x.v.shape, dtype, bn)]
+    grads += [((batch, heads, lk_pad, dp), dtype, bn)] * cfg.has_query_table
+    dk, dv, *dks = _call(
+        cfg, _dkv_kernel, (grid, lk_pad // bn), operands + stats, grads, len(operands),
+        "relattn_relative_attention_dkv",
+    )  # fmt: skip
+
+    table_grads: list[Any] = []
+    tables = [t for t in (x.key_table, x.query_table, x.relative_bias) if t is not None]
+    if tables:
+        # One window of 2·bt rows per tile diagonal, stacked along axis 2.
+        operands = _tiled(x, None, None)
+        diagonals = (lq_pad + lk_pad) // bt - 1
+        grads = [((batch, heads, diagonals * 2 * bt, *t.shape[3:]), acc, 2 * bt) for t in tables]
+        windows = _call(
+            cfg, _tables_kernel, (grid, diagonals), operands + stats, grads, len(operands),
+            "relattn_relative_attention_tables",
+        )  # fmt: skip
+        table_grads = [_overlap_add(w, t, bt) for w, t in zip(windows, tables, strict=True)]
+    rest = iter(table_grads)
+    return _Inputs(
+        dq, dk, dv,
+        dqp[0] if dqp else None, next(rest) if cfg.has_key_table else None,
+        dks[0] if dks else None, next(rest) if cfg.has_query_table else None,
+        next(rest) if cfg.has_bias else None,
+    )  # fmt: skip
+
+
+def _overlap_add(windows: Any, table: Any, bt: int) -> Any:
+    """The table's gradient from its windows ``(B, H, diagonals·2·bt, ...)``.
+
+    Diagonal ``t``'s window covers padded rows ``[t·bt, (t + 2)·bt)``: the sum is the
+    windows' first halves plus their second halves one tile lower, ``O(T·d)``. Then summed
+    over the table's broadcast leading dims, in its dtype.
+    """
+    batch, heads, rows = windows.shape[:3]
+    tail = windows.shape[3:]
+    halves = windows.reshape(batch, heads, rows // (2 * bt), 2, bt, *tail)
+    first = halves[:, :, :, 0].reshape(batch, heads, rows // 2, *tail)
+    second = halves[:, :, :, 1].reshape(batch, heads, rows // 2, *tail)
+    features = [(0, 0)] * len(tail)
+    # (diagonals + 1)·bt = Lq' + Lk' rows; the table has T >= that, the rest zeros.
+    after = table.shape[2] - rows // 2
+    total = jnp.pad(first, [(0, 0), (0, 0), (0, after), *features]) + jnp.pad(
+        second, [(0, 0), (0, 0), (bt, after - bt), *features]
+    )
+    broadcast = tuple(axis for axis in (0, 1) if table.shape[axis] == 1)
+    return jnp.sum(total, axis=broadcast, keepdims=True).astype(table.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(cfg: _Config, x: _Inputs) -> Any:
+    return _forward(cfg, x)[0]
+
+
+def _fused_forward(cfg: _Config, x: _Inputs) -> tuple[Any, tuple[_Inputs, Any, Any]]:
+    out, lse = _forward(cfg, x)
+    return out, (x, out, lse)
+
+
+def _fused_backward(cfg: _Config, saved: tuple[_Inputs, Any, Any], dout: Any) -> tuple[_Inputs]:
+    x, out, lse = saved
+    return (_backward(cfg, x, out, lse, dout),)
+
+
+_fused.defvjp(_fused_forward, _fused_backward)
+
+
+# ------------------------------------------------------------------------------------------
+# The entry point
+# ------------------------------------------------------------------------------------------
+def _on_cpu(arrays: list[Any]) -> bool:
+    """Whether the call runs on a CPU: the devices of the first array with values, else
+    (every array traced, under ``jax.jit``) JAX's default backend."""
+    for a in arrays:
+        if not isinstance(a, jax.core.Tracer):
+            return all(device.platform == "cpu" for device in a.devices())
+    return jax.default_backend() == "cpu"
+
+
+def _shape_error(name: str, expected: str, given: Any) -> ValueError:
+    return ValueError(f"{name} must have shape {expected}, got shape {tuple(given.shape)}")
+
+
+def _check_table(
+    name: str, x: Any, trailing: int, batch: int, heads: int, widths: tuple[int, ...], d: int
+) -> Any:
+    """``x`` with its leading dims made ``(B or 1, H or 1)``, after the checks."""
+    expected = "(..., W, d)" if trailing == 2 else "(..., W)"
+    if not trailing <= x.ndim <= trailing + 2:
+        raise _shape_error(name, f"{expected} with at most 2 leading dims", x)
+    lead = (1,) * (trailing + 2 - x.ndim) + tuple(x.shape[: x.ndim - trailing])
+    if lead[0] not in (1, batch) or lead[1] not in (1, heads):
+        raise ValueError(
+            f"{name}'s leading dims {tuple(x.shape[: x.ndim - trailing])} must broadcast to "
+            f"(B, H) = ({batch}, {heads})"
+        )
+    width = x.shape[x.ndim - trailing]
+    if width not in widths:
+        layouts = f"W = Lq + Lk - 1 = {widths[0]} (full layout)"
+        if len(widths) > 1:
+            layouts += f" or W = Lk = {widths[1]} (causal layout)"
+        raise ValueError(f"{name} must have width {layouts}, got W = {width}")
+    if trailing == 2 and x.shape[-1] != d:
+        raise ValueError(f"{name} must have d = {d} features (q's), got {x.shape[-1]}")
+    return x.reshape(*lead, *x.shape[x.ndim - trailing :])
+
+
+def _check_block(name: str, block: Any, length: int, minimum: int) -> int:
+    if block is None:
+        return max(minimum, min(DEFAULT_TILE, pl.next_power_of_2(length)))
+    if not isinstance(block, int) or isinstance(block, bool):
+        raise TypeError(f"{name} must be an int, got {type(block).__name__}")
+    if block < minimum or block & (block - 1):
+        raise ValueError(f"{name} must be a power of two >= {minimum}, got {block}")
+    return block
+
+
+def _pad(x: Any, rows: tuple[int, int], features: int | None) -> Any:
+    """``x`` with ``rows`` zero rows (before, after) on axis 2 and, for ``features``, its
+    last axis zero-padded to that size."""
+    if x is None:
+        return None
+    widths = [(0, 0), (0, 0), rows]
+    if features is not None:
+        widths.append((0, features - x.shape[-1]))
+    return jnp.pad(x, widths)
+
+
+def relative_attention_kernel(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    qp: Any = None,
+    key_table: Any = None,
+    ks: Any = None,
+    query_table: Any = None,
+    relative_bias: Any = None,
+    causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: bool | None = None,
+) -> Any:
+    """Attention with relative-position terms formed inside the tiles of a Pallas kernel.
+
+    Parameters
+    ----------
+    q : jax.Array of shape (B, H, Lq, d)
+        Content queries, already ``(q + u) · scale`` (``u`` the content bias).
+    k : jax.Array of shape (B, H, Lk, d)
+        Keys.
+    v : jax.Array of shape (B, H, Lk, d_v)
+        Values.
+    qp : jax.Array of shape (B, H, Lq, d), optional
+        Position queries, already ``(q + v_bias) · scale``; given exactly when
+        ``key_table`` is.
+    key_table : jax.Array of shape (..., W, d), optional
+        ``Kʳ``: row ``m`` encodes distance ``δ = m - (Lk - 1)``; adds
+        ``qp_i · Kʳ[m(i, j)]`` with ``m(i, j) = j - i + Lq - 1``. Up to two leading dims,
+        broadcasting to ``(B, H)``.
+    ks : jax.Array of shape (B, H, Lk, d), optional
+        Keys times ``scale``; given exactly when ``query_table`` is.
+    query_table : jax.Array of shape (..., W, d), optional
+        ``Qʳ`` (DeBERTa's position-to-content table): adds ``ks_j · Qʳ[m(i, j)]``.
+    relative_bias : jax.Array of shape (..., W), optional
+        One value per distance (ALiBi, T5): adds ``b[m(i, j)]``.
+    causal : bool, optional
+        Mask keys with ``δ = j - i - (Lk - Lq) > 0``.
+    block_q, block_k : int, optional
+        Query and key tile sizes: powers of two, at least 8 (16 compiled, Triton's
+        smallest ``dot``); by default ``min(64, Lq)`` (``Lk``) rounded up to a power of
+        two, at least that minimum.
+    interpret : bool, optional
+        Run the kernels in Pallas's interpreter. By default: where the arrays are on a
+        CPU (under ``jax.jit``, where JAX's default backend is the CPU).
+
+    Returns
+    -------
+    jax.Array of shape (B, H, Lq, d_v), dtype of ``q``
+        ``softmax_j(s_ij) v`` over the visible keys, ``s_ij = q_i·k_j + qp_i·Kʳ[m] +
+        ks_j·Qʳ[m] + b[m]`` (each term where given). A query that sees no key (``causal``
+        with ``Lq > Lk``: the first ``Lq - Lk``) gives a zero row, with zero gradients.
+
+    Raises
+    ------
+    ValueError
+        If ``q``, ``k``, ``v``, ``qp`` or ``ks`` do not have the shapes above (``Lq``,
+        ``Lk``, ``d``, ``d_v`` at least 1), ``d`` or ``d_v`` exceeds 256, ``qp`` comes
+        without ``key_table`` or ``ks`` without ``query_table`` (or the other way
+        round), a table's or ``relative_bias``'s width is neither ``Lq + Lk - 1`` nor,
+        with ``causal``, ``Lk``, its leading dims do not broadcast to ``(B, H)``, its
+        feature size differs from ``d``, or a tile size is not a power of two at least
+        its minimum.
+    TypeError
+        If the arrays' dtypes differ or are not float16, bfloat16, float32 or float64,
+        ``causal`` or ``interpret`` is not a bool, or a tile size is not an int.
+
+    Notes
+    -----
+    The scores are Transformer-XL's (Dai et al. 2019, eq. (3)) with DeBERTa's
+    position-to-content term (He et al. 2021, eq. (2)-(4)) and a per-distance bias.
+    A pair of a query tile at ``i0`` and a key tile at ``j0`` spans the distances of
+    table rows ``m0 = j0 - i0 - (bm - 1) + Lq - 1`` to ``m0 + bm + bn - 2``: its
+    content-to-position term is one product of the query tile with that window,
+    ``R = qp Wᵀ`` of shape ``(bm, window)``, shifted inside the tile,
+    ``term[r, c] = R[r, c - r + bm - 1]`` (Dai et al. 2019, appendix B, as a gather);
+    the position-to-content term likewise from the keys' side. No ``(Lq, Lk, d)`` or
+    ``(Lq, W)`` array exists. The forward is FlashAttention's online softmax; the
+    backward recomputes the tiles from the saved logsumexp (Dao 2023,
+    FlashAttention-2, algorithm 2), and each table's gradient is accumulated per tile
+    diagonal (where all pairs share a window) and overlap-added, deterministically.
+    Accumulation is in float32 (float64 for float64 inputs). Sequence axes are padded
+    to whole tiles (the padded keys masked) and ``d``, ``d_v`` with zeros to powers of
+    two, at least 16.
+
+    The compiled (GPU) kernels are unverified: jax 0.10.2's Pallas Triton lowering has
+    no rule for the gather of the in-tile shift.
+    """
+    arrays = {
+        "q": q, "k": k, "v": v, "qp": qp, "key_table": key_table, "ks": ks,
+        "query_table": query_table, "relative_bias": relative_bias,
+    }  # fmt: skip
+    given = {name: jnp.asarray(a) for name, a in arrays.items() if a is not None}
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if interpret is None:
+        interpret = _on_cpu(list(given.values()))
+    elif not isinstance(interpret, bool):
+        raise TypeError(f"interpret must be a bool or None, got {type(interpret).__name__}")
+    dtype = given["q"].dtype
+    for name, a in given.items():
+        if str(a.dtype) not in DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {a.dtype}")
+        if a.dtype != dtype:
+            raise TypeError(f"{name} must have q's dtype {dtype}, got {a.dtype}")
+    q, k, v = given["q"], given["k"], given["v"]
+    if q.ndim != 4:
+        raise _shape_error("q", "(B, H, Lq, d)", q)
+    batch, heads, lq, d = q.shape
+    if k.ndim != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != d:
+        raise _shape_error("k", f"(B, H, Lk, d) = ({batch}, {heads}, Lk, {d})", k)
+    lk = k.shape[2]
+    if v.ndim != 4 or v.shape[:3] != k.shape[:3]:
+        raise _shape_error("v", f"(B, H, Lk, d_v) = ({batch}, {heads}, {lk}, d_v)", v)
+    dv = v.shape[3]
+    if min(q.shape + v.shape) < 1:
+        raise ValueError(f"every axis of q, k, v must be at least 1, got {q.shape}, {v.shape}")
+    if max(d, dv) > MAX_HEAD_DIM:
+        raise ValueError(f"d and d_v must be at most {MAX_HEAD_DIM}, got d = {d}, d_v = {dv}")
+    for rows, table in (("qp", "key_table"), ("ks", "query_table")):
+        if (rows in given) != (table in given):
+            have, lack = (rows, table) if rows in given else (table, rows)
+            raise ValueError(f"{have} needs {lack}: give both or neither")
+    if "qp" in given and given["qp"].shape != q.shape:
+        raise _shape_error("qp", f"q's {q.shape}", given["qp"])
+    if "ks" in given and given["ks"].shape != k.shape:
+        raise _shape_error("ks", f"k's {k.shape}", given["ks"])
+    widths = (lq + lk - 1, lk) if causal else (lq + lk - 1,)
+    tables = {
+        name: _check_table(name, given[name], trailing, batch, heads, widths, d)
+        for name, trailing in (("key_table", 2), ("query_table", 2), ("relative_bias", 1))
+        if name in given
+    }
+    minimum = MIN_TILE if interpret else MIN_TILE_COMPILED
+    bm = _check_block("block_q", block_q, lq, minimum)
+    bn = _check_block("block_k", block_k, lk, minimum)
+
+    lq_pad, lk_pad = pl.cdiv(lq, bm) * bm, pl.cdiv(lk, bn) * bn
+    dp = max(MIN_TILE_COMPILED, pl.next_power_of_2(d))
+    dvp = max(MIN_TILE_COMPILED, pl.next_power_of_2(dv))
+    total = _table_rows(lq_pad, lk_pad, bm, bn)
+
+    def table_rows(name: str) -> Any:
+        # Lq' - Lq zero rows in front put true row m at padded row m + Lq' - Lq (see
+        # _scores); zeros after fill every window up to row T.
+        if name not in tables:
+            return None
+        t = tables[name]
+        front = lq_pad - lq
+        rows = (front, total - front - t.shape[2])
+        return _pad(t, rows, dp if name != "relative_bias" else None)
+
+    x = _Inputs(
+        _pad(q, (0, lq_pad - lq), dp), _pad(k, (0, lk_pad - lk), dp),
+        _pad(v, (0, lk_pad - lk), dvp), _pad(given.get("qp"), (0, lq_pad - lq), dp),
+        table_rows("key_table"), _pad(given.get("ks"), (0, lk_pad - lk), dp),
+        table_rows("query_table"), table_rows("relative_bias"),
+    )  # fmt: skip
+    cfg = _Config(
+        heads=heads, lq=lq, lk=lk, lq_pad=lq_pad, lk_pad=lk_pad, block_q=bm, block_k=bn,
+        causal=causal, interpret=interpret, has_key_table=x.key_table is not None,
+        has_query_table=x.query_table is not None, has_bias=x.relative_bias is not None,
+    )  # fmt: skip
+    return _fused(cfg, x)[:, :, :lq, :dv]

@@ -1,0 +1,757 @@
+"""relattn's fused relative-position attention kernel in Triton, for PyTorch tensors.
+
+One FlashAttention-style kernel computes softmax attention whose scores carry
+Transformer-XL's content-to-position term ``qp_i·Kʳ[m]``, DeBERTa's
+position-to-content term ``ks_j·Qʳ[m]`` and a per-distance bias ``b[m]``, with
+``m = j - i + Lq - 1``, inside its tiles: the table product of a tile pair is
+one matrix product with the ``BM + BN - 1`` table rows the pair's distances
+span, shifted into key columns by a gather along each row (Transformer-XL's
+appendix B on a tile), so no ``(Lq, Lk, d)`` or ``(Lq, W)`` array exists in
+memory. The backward pass recomputes the probabilities per tile from the saved
+log-sum-exp (FlashAttention-2): one kernel per query tile (``dq``, ``dqp``),
+one per key tile (``dk``, ``dv``, ``dks``) and one per tile diagonal for the
+tables' and the bias's gradients.
+
+The kernels are defined once, as plain functions, and jitted twice by
+:func:`_kernels`: compiled for GPU tensors and interpreted (``TRITON_INTERPRET``,
+which ``triton.jit`` reads when it decorates) for CPU tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["relative_attention_kernel"]
+
+#: The largest feature size a tile holds (FlashAttention's bound).
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# -------------------------------------------------------------------------------------------
+# Device functions (jitted by _kernels). Each kernel runs one (query tile, key tile, tile
+# diagonal) program per (b, h) = divmod(program_id(1), H); per-(b, h) tensors are indexed
+# through their strides, so broadcast (stride 0) inputs are never copied. Tiles are BM
+# query rows by BN key rows; features are padded to DP (DVP for values) with masked loads.
+#
+# Only Triton's builtins appear: tl.zeros, tl.max and tl.sum are @triton.jit functions of
+# triton.language, jitted once when triton is imported (for the compiler unless
+# TRITON_INTERPRET was set then), which an interpreted kernel cannot call. tl.full and
+# tl.reduce with tl.max's and tl.sum's own combine functions are the same operations (the
+# interpreter maps those reductions to NumPy's).
+# -------------------------------------------------------------------------------------------
+def _at(ptr, bh, H, stride_b, stride_h):
+    """``ptr`` advanced to the ``(b, h)`` slice of program row ``bh = b·H + h``."""
+    return ptr + (bh // H) * stride_b + (bh % H) * stride_h
+
+
+def _tile(ptr, start, n, stride_row, stride_col, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Rows ``start … start + ROWS - 1`` of an ``(n, cols)`` matrix; zero outside it."""
+    r = start + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, COLS)[None, :]
+    inside = (r >= 0) & (r < n) & (c < cols)
+    return tl.load(ptr + r * stride_row + c * stride_col, mask=inside, other=0.0)
+
+
+def _store(ptr, value, start, n, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Store ``value`` as rows ``start …`` of a contiguous ``(n, cols)`` matrix."""
+    r = start + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, COLS)[None, :]
+    inside = (r >= 0) & (r < n) & (c < cols)
+    tl.store(ptr + r * cols + c, value.to(ptr.dtype.element_ty), mask=inside)
+
+
+def _first_column(i0, j0, LQ, BM: tl.constexpr):
+    """``m0``: the table row of the smallest distance of the tile pair ``(i0, j0)``
+    (query ``i0 + BM - 1``, key ``j0``); the pair reads rows ``m0 … m0 + BM + BN - 2``."""
+    return j0 - i0 - (BM - 1) + LQ - 1
+
+
+def _scores(
+    q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+    i0, j0, LQ, LK, LIMIT, D,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The ``(BM, BN)`` scores of a tile pair, ``-inf`` where the key is not visible."""
+    r = tl.arange(0, BM)[:, None]
+    c = tl.arange(0, BN)[None, :]
+    # Cell (r, c) has m = m0 + (c - r + BM - 1): row c - r + BM - 1 (0 … BM + BN - 2) of
+    # the pair's table window, which starts at m0.
+    at = c - r + (BM - 1)
+    m0 = _first_column(i0, j0, LQ, BM)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if HAS_KR:
+        window = _tile(kr_ptr, m0, LIMIT, kr_sw, kr_sd, D, WIN, DP)
+        # (BM, WIN) products of each query with every row; row r takes its BN columns.
+        s += tl.gather(tl.dot(qp, tl.trans(window), input_precision=PRECISION), at, 1)
+    if HAS_QR:
+        window = _tile(qr_ptr, m0, LIMIT, qr_sw, qr_sd, D, WIN, DP)
+        # (WIN, BN) products of every row with each key; column c takes its BM rows.
+        s += tl.gather(tl.dot(window, tl.trans(ks), input_precision=PRECISION), at, 0)
+    if HAS_B:
+        m = m0 + at
+        s += tl.load(b_ptr + m * b_sw, mask=(m >= 0) & (m < LIMIT), other=0.0).to(s.dtype)
+    i = i0 + r
+    j = j0 + c
+    visible = (i < LQ) & (j < LK)
+    if CAUSAL:
+        visible = visible & (j - i <= LK - LQ)
+    return tl.where(visible, s, float("-inf"))
+
+
+def _score_grads(s, lse, do, v, delta, PRECISION: tl.constexpr):
+    """``P`` from the saved log-sum-exp and ``dS = P ⊙ (dO vᵀ - D)`` (FlashAttention-2)."""
+    p = tl.exp(s - lse[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+def _window_rows(ds, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
+    """``(BM, WIN)``: ``ds[r, c]`` moved to window row ``c - r + BM - 1`` of query row ``r``
+    (the inverse of the forward's gather along axis 1); zero where no key lands."""
+    c = tl.arange(0, WIN)[None, :] + tl.arange(0, BM)[:, None] - (BM - 1)
+    inside = (c >= 0) & (c < BN)
+    return tl.where(inside, tl.gather(ds, tl.where(inside, c, 0), 1), 0.0)
+
+
+def _window_cols(ds, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
+    """``(WIN, BN)``: ``ds[r, c]`` moved to window row ``c - r + BM - 1`` of key column ``c``
+    (the inverse of the forward's gather along axis 0); zero where no query lands."""
+    r = tl.arange(0, BN)[None, :] - tl.arange(0, WIN)[:, None] + (BM - 1)
+    inside = (r >= 0) & (r < BM)
+    return tl.where(inside, tl.gather(ds, tl.where(inside, r, 0), 0), 0.0)
+
+
+# -------------------------------------------------------------------------------------------
+# Kernels. All take the inputs, their strides and the sizes in one order (see _inputs):
+# absent inputs are q itself (never read: their HAS_* flag is off). Outputs, dO, the
+# log-sum-exp and D are contiguous buffers of this module's own.
+# -------------------------------------------------------------------------------------------
+def _forward(
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
+    qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    H, LQ, LK, LIMIT, D, DV,
+    o_ptr, lse_ptr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
+    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One query tile: stream the key tiles with an online softmax."""
+    bh = tl.program_id(1).to(tl.int64)
+    i0 = tl.program_id(0) * BM
+    k_ptr = _at(k_ptr, bh, H, k_sb, k_sh)
+    v_ptr = _at(v_ptr, bh, H, v_sb, v_sh)
+    ks_ptr = _at(ks_ptr, bh, H, ks_sb, ks_sh)
+    kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
+    qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
+    b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
+    qp = q
+    if HAS_KR:
+        qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
+    m_i = tl.full((BM,), float("-inf"), ACC)
+    l_i = tl.full((BM,), 0.0, ACC)
+    acc = tl.full((BM, DVP), 0.0, ACC)
+    stop = LK
+    if CAUSAL:
+        stop = tl.minimum(LK, i0 + BM + LK - LQ)  # later key tiles are wholly masked
+    for j0 in range(0, stop, BN):
+        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
+        ks = k
+        if HAS_QR:
+            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
+        s = _scores(
+            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
+            PRECISION,
+        )  # fmt: skip
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+        # A row with no visible key so far keeps m = -inf: subtract 0 there, so that
+        # exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    # A row without a visible key has l = 0: output 0 and log-sum-exp 0 (its scores are all
+    # -inf, so the backward's P = exp(s - 0) = 0).
+    l_i = tl.where(l_i > 0, l_i, 1.0)
+    m_i = tl.where(m_i == float("-inf"), 0.0, m_i)
+    _store(o_ptr + bh * LQ * DV, acc / l_i[:, None], i0, LQ, DV, BM, DVP)
+    rows = i0 + tl.arange(0, BM)
+    lse = m_i + tl.log(l_i)
+    tl.store(lse_ptr + bh * LQ + rows, lse, mask=rows < LQ)
+
+
+def _backward_rows(
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
+    qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    H, LQ, LK, LIMIT, D, DV,
+    do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
+    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One query tile: ``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]``."""
+    bh = tl.program_id(1).to(tl.int64)
+    i0 = tl.program_id(0) * BM
+    k_ptr = _at(k_ptr, bh, H, k_sb, k_sh)
+    v_ptr = _at(v_ptr, bh, H, v_sb, v_sh)
+    ks_ptr = _at(ks_ptr, bh, H, ks_sb, ks_sh)
+    kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
+    qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
+    b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
+    qp = q
+    if HAS_KR:
+        qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
+    do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
+    rows = i0 + tl.arange(0, BM)
+    lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+    delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+    dq = tl.full((BM, DP), 0.0, ACC)
+    dqp = tl.full((BM, DP), 0.0, ACC)
+    stop = LK
+    if CAUSAL:
+        stop = tl.minimum(LK, i0 + BM + LK - LQ)
+    for j0 in range(0, stop, BN):
+        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
+        ks = k
+        if HAS_QR:
+            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
+        s = _scores(
+            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
+            PRECISION,
+        )  # fmt: skip
+        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
+        _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if HAS_KR:
+            window = _tile(kr_ptr, _first_column(i0, j0, LQ, BM), LIMIT, kr_sw, kr_sd, D, WIN, DP)
+            ds_rows = _window_rows(ds, BM, BN, WIN).to(window.dtype)
+            dqp += tl.dot(ds_rows, window, input_precision=PRECISION)
+    _store(dq_ptr + bh * LQ * D, dq, i0, LQ, D, BM, DP)
+    if HAS_KR:
+        _store(dqp_ptr + bh * LQ * D, dqp, i0, LQ, D, BM, DP)
+
+
+def _backward_keys(
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
+    qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    H, LQ, LK, LIMIT, D, DV,
+    do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dks_ptr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
+    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key tile: ``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]``."""
+    bh = tl.program_id(1).to(tl.int64)
+    j0 = tl.program_id(0) * BN
+    q_ptr = _at(q_ptr, bh, H, q_sb, q_sh)
+    qp_ptr = _at(qp_ptr, bh, H, qp_sb, qp_sh)
+    kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
+    qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
+    b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    k = _tile(_at(k_ptr, bh, H, k_sb, k_sh), j0, LK, k_sl, k_sd, D, BN, DP)
+    ks = k
+    if HAS_QR:
+        ks = _tile(_at(ks_ptr, bh, H, ks_sb, ks_sh), j0, LK, ks_sl, ks_sd, D, BN, DP)
+    v = _tile(_at(v_ptr, bh, H, v_sb, v_sh), j0, LK, v_sl, v_sd, DV, BN, DVP)
+    dk = tl.full((BN, DP), 0.0, ACC)
+    dv = tl.full((BN, DVP), 0.0, ACC)
+    dks = tl.full((BN, DP), 0.0, ACC)
+    start = 0
+    if CAUSAL:
+        # Query i sees key j0 from i = j0 - (Lk - Lq) on: start at that row's tile.
+        start = tl.maximum(0, j0 - (LK - LQ)) // BM * BM
+    for i0 in range(start, LQ, BM):
+        q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
+        qp = q
+        if HAS_KR:
+            qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
+        s = _scores(
+            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
+            PRECISION,
+        )  # fmt: skip
+        do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
+        rows = i0 + tl.arange(0, BM)
+        lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+        delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+        p, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        if HAS_QR:
+            window = _tile(qr_ptr, _first_column(i0, j0, LQ, BM), LIMIT, qr_sw, qr_sd, D, WIN, DP)
+            ds_cols = _window_cols(ds, BM, BN, WIN).to(window.dtype)
+            dks += tl.dot(tl.trans(ds_cols), window, input_precision=PRECISION)
+    _store(dk_ptr + bh * LK * D, dk, j0, LK, D, BN, DP)
+    _store(dv_ptr + bh * LK * DV, dv, j0, LK, DV, BN, DVP)
+    if HAS_QR:
+        _store(dks_ptr + bh * LK * D, dks, j0, LK, D, BN, DP)
+
+
+def _backward_tables(
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
+    qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    H, LQ, LK, LIMIT, D, DV,
+    do_ptr, lse_ptr, delta_ptr, dkr_ptr, dqr_ptr, db_ptr, NI, NJ, PARITY,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
+    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One tile diagonal (square tiles, ``BM == BN``): ``dKʳ[m] = Σ dS_ij qp_i``,
+    ``dQʳ[m] = Σ dS_ij ks_j`` and ``db[m] = Σ dS_ij`` over the pairs with ``m(i, j) = m``.
+
+    The pairs ``(I, I + t)`` of key tile minus query tile ``t`` all read the window of
+    rows ``m0 … m0 + 2·BM - 1``, ``m0 = t·BM - BM + Lq``: the program sums its pairs'
+    window gradients in registers, then adds them to the ``(LIMIT, D)`` buffers. Windows of
+    diagonals two apart do not overlap, so the diagonals of one ``PARITY`` (one launch)
+    write disjoint rows: a deterministic read-add-write, no atomics.
+    """
+    bh = tl.program_id(1).to(tl.int64)
+    t = 2 * tl.program_id(0) + PARITY - (NI - 1)
+    q_ptr = _at(q_ptr, bh, H, q_sb, q_sh)
+    k_ptr = _at(k_ptr, bh, H, k_sb, k_sh)
+    v_ptr = _at(v_ptr, bh, H, v_sb, v_sh)
+    qp_ptr = _at(qp_ptr, bh, H, qp_sb, qp_sh)
+    ks_ptr = _at(ks_ptr, bh, H, ks_sb, ks_sh)
+    kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
+    qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
+    b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    dkr = tl.full((WIN, DP), 0.0, ACC)
+    dqr = tl.full((WIN, DP), 0.0, ACC)
+    db = tl.full((WIN,), 0.0, ACC)
+    first = tl.maximum(0, -t)
+    last = tl.minimum(NI, NJ - t)
+    if CAUSAL:
+        # j0 - i0 = t·BM for every pair: the diagonal is visible whole or not at all.
+        last = tl.where(t * BM <= BM - 1 + LK - LQ, last, first)
+    for tile in range(first, last):
+        i0 = tile * BM
+        j0 = i0 + t * BM
+        q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
+        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
+        qp = q
+        if HAS_KR:
+            qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
+        ks = k
+        if HAS_QR:
+            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
+        s = _scores(
+            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
+            PRECISION,
+        )  # fmt: skip
+        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
+        do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
+        rows = i0 + tl.arange(0, BM)
+        lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+        delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+        _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+        if HAS_KR:
+            ds_rows = _window_rows(ds, BM, BN, WIN).to(qp.dtype)
+            dkr += tl.dot(tl.trans(ds_rows), qp, input_precision=PRECISION)
+        if HAS_QR:
+            ds_cols = _window_cols(ds, BM, BN, WIN).to(ks.dtype)
+            dqr += tl.dot(ds_cols, ks, input_precision=PRECISION)
+        if HAS_B:
+            db += tl.reduce(_window_rows(ds, BM, BN, WIN), 0, tl.standard._sum_combine)
+    m = _first_column(0, t * BM, LQ, BM) + tl.arange(0, WIN)
+    inside = (m >= 0) & (m < LIMIT)
+    cells = m[:, None] * D + tl.arange(0, DP)[None, :]
+    in_cells = inside[:, None] & (tl.arange(0, DP)[None, :] < D)
+    if HAS_KR:
+        at = dkr_ptr + bh * LIMIT * D + cells
+        tl.store(at, tl.load(at, mask=in_cells, other=0.0) + dkr, mask=in_cells)
+    if HAS_QR:
+        at = dqr_ptr + bh * LIMIT * D + cells
+        tl.store(at, tl.load(at, mask=in_cells, other=0.0) + dqr, mask=in_cells)
+    if HAS_B:
+        at = db_ptr + bh * LIMIT + m
+        tl.store(at, tl.load(at, mask=inside, other=0.0) + db, mask=inside)
+
+
+_DEVICE_FUNCTIONS = (
+    _at, _tile, _store, _first_column, _scores, _score_grads, _window_rows, _window_cols,
+)  # fmt: skip
+_KERNELS = (_forward, _backward_rows, _backward_keys, _backward_tables)
+
+
+@functools.cache
+def _kernels(interpret: bool) -> types.SimpleNamespace:
+    """The kernels jitted for Triton's interpreter or compiler.
+
+    ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates, so each build sets it
+    for its decorations and restores it. Each build gives the functions a namespace of
+    their own, where the kernels find their own build of the device functions.
+    """
+    namespace: dict[str, Any] = {"__name__": __name__, "tl": tl, "triton": triton}
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        for fn in (*_DEVICE_FUNCTIONS, *_KERNELS):
+            own = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__)
+            own.__qualname__ = fn.__qualname__
+            own.__annotations__ = fn.__annotations__  # which parameters are tl.constexpr
+            namespace[fn.__name__] = triton.jit(own)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    return types.SimpleNamespace(**{fn.__name__: namespace[fn.__name__] for fn in _KERNELS})
+
+
+def _language_interpreted() -> bool:
+    """Whether triton.language was imported with TRITON_INTERPRET=1: its own jit functions
+    (the reductions' combine functions) are then interpreted, and no kernel compiles."""
+    return not isinstance(tl.standard._sum_combine, triton.JITFunction)
+
+
+# -------------------------------------------------------------------------------------------
+# Launches and autograd
+# -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Config:
+    """The static choices of a call (the autograd function's last input)."""
+
+    causal: bool
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
+def _limit(lq: int, lk: int, causal: bool) -> int:
+    """The table rows the kernels read: in a causal problem rows ``m >= Lk`` (``δ > 0``)
+    only meet masked cells."""
+    return lk if causal else lq + lk - 1
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """``x``, or for an absent one a stand-in pointer that the kernels never read nor write
+    (the flag of its term is off)."""
+    return stand_in if x is None else x
+
+
+def _inputs(q, k, v, qp, ks, kr, qr, bias, config: _Config) -> tuple[list[Any], dict[str, Any]]:
+    """The kernels' shared leading arguments, and the keyword arguments of every launch
+    (``meta``): the constexpr flags and tile sizes, and Triton's launch options."""
+    tensors = [_or(x, q) for x in (q, k, v, qp, ks, kr, qr, bias)]
+    # Four strides each, three for the bias (B, H, W).
+    strides = [s for x in tensors[:-1] for s in x.stride()] + list(tensors[-1].stride()[:3])
+    _, heads, lq, d = q.shape
+    lk, dv = v.shape[2:]
+    sizes = [heads, lq, lk, _limit(lq, lk, config.causal), d, dv]
+    bm, bn = config.block_q, config.block_k
+    meta = {
+        "HAS_KR": kr is not None, "HAS_QR": qr is not None, "HAS_B": bias is not None,
+        "CAUSAL": config.causal, "ACC": tl.float64 if q.dtype == torch.float64 else tl.float32,
+        "BM": bm, "BN": bn, "WIN": triton.next_power_of_2(bm + bn - 1),
+        "DP": max(16, triton.next_power_of_2(d)), "DVP": max(16, triton.next_power_of_2(dv)),
+        # float32 products as three TF32 ones on tensor cores (float32 accuracy; "ieee"
+        # runs without tensor cores, in more shared memory than a GPU has at these tiles).
+        "PRECISION": "tf32x3" if q.dtype == torch.float32 else "ieee",
+        # No software pipelining (its buffers overflow shared memory with float32 tiles);
+        # FMA contraction stated (Triton 3.9 warns where it is left to its default).
+        "num_stages": 1, "enable_fp_fusion": True,
+    }  # fmt: skip
+    return [*tensors, *strides, *sizes], meta
+
+
+class _RelativeAttention(torch.autograd.Function):
+    """The kernels as one differentiable function of ``(q, k, v, qp, Kʳ, ks, Qʳ, b)``, the
+    tables expanded to ``(B, H, W, …)``."""
+
+    @staticmethod
+    def forward(ctx: Any, q, k, v, qp, kr, ks, qr, bias, config: _Config) -> torch.Tensor:
+        batch, heads, lq, _ = q.shape
+        dv = v.shape[3]
+        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, config)
+        out = torch.empty((batch, heads, lq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, heads, lq), dtype=_accumulator(q.dtype), device=q.device)
+        grid = (triton.cdiv(lq, config.block_q), batch * heads)
+        _kernels(config.interpret)._forward[grid](*args, out, lse, **meta)
+        ctx.save_for_backward(q, k, v, qp, kr, ks, qr, bias, out, lse)
+        ctx.config = config
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, qp, kr, ks, qr, bias, out, lse = ctx.saved_tensors
+        config = ctx.config
+        batch, heads, lq, _ = q.shape
+        lk = k.shape[2]
+        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, config)
+        kernels = _kernels(config.interpret)
+        do = grad_out.to(q.dtype).contiguous()
+        acc = _accumulator(q.dtype)
+        delta = (do.to(acc) * out.to(acc)).sum(-1)  # D_i = rowsum(dO_i ⊙ O_i)
+        # Contiguous gradients (the kernels store them so), whatever the inputs' strides.
+        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+        dqp = None if qp is None else torch.empty_like(dq)
+        dks = None if ks is None else torch.empty_like(dk)
+        grid = (triton.cdiv(lq, config.block_q), batch * heads)
+        kernels._backward_rows[grid](*args, do, lse, delta, dq, _or(dqp, dq), **meta)
+        grid = (triton.cdiv(lk, config.block_k), batch * heads)
+        kernels._backward_keys[grid](*args, do, lse, delta, dk, dv, _or(dks, dk), **meta)
+        dkr = dqr = dbias = None
+        if any(ctx.needs_input_grad[i] for i in (4, 6, 7)):  # Kʳ, Qʳ, b
+            tables = (kr, qr, bias)
+            dkr, dqr, dbias = _table_grads(q, k, tables, args, meta, do, lse, delta, config)
+        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, None
+
+
+def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> list[Any]:
+    """The gradients of ``tables = (Kʳ, Qʳ, b)`` (``None`` for an absent one) from the
+    tile-diagonal kernel, each in the ``(B, H, W, …)`` shape and dtype of its table."""
+    batch, heads, lq = q.shape[:3]
+    lk = k.shape[2]
+    limit = _limit(lq, lk, config.causal)
+    acc = _accumulator(q.dtype)
+    buffers = [
+        None if x is None else torch.zeros((batch, heads, limit, *x.shape[3:]), dtype=acc,
+                                           device=q.device)
+        for x in tables
+    ]  # fmt: skip
+    tile = min(config.block_q, config.block_k)  # square tiles: one window per tile diagonal
+    ni, nj = triton.cdiv(lq, tile), triton.cdiv(lk, tile)
+    square = {**meta, "BM": tile, "BN": tile, "WIN": 2 * tile}
+    outputs = [_or(x, delta) for x in buffers]
+    kernels = _kernels(config.interpret)
+    diagonals = ni + nj - 1  # t = -(ni - 1) … nj - 1, program 2·pid + parity
+    for parity in (0, 1):
+        grid = ((diagonals - parity + 1) // 2, batch * heads)
+        kernels._backward_tables[grid](*args, do, lse, delta, *outputs, ni, nj, parity, **square)
+    grads = []
+    for table, buffer in zip(tables, buffers, strict=True):
+        if table is not None and buffer is not None:
+            # A full-layout table in a causal problem: its rows m >= Lk have no gradient.
+            missing = table.shape[2] - limit
+            pad = (0, 0, 0, missing) if table.ndim == 4 else (0, missing)
+            buffer = torch.nn.functional.pad(buffer, pad).to(table.dtype)
+        grads.append(buffer)
+    return grads
+
+
+# -------------------------------------------------------------------------------------------
+# The public function
+# -------------------------------------------------------------------------------------------
+def _tensor(name: str, x: Any) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _rows(name: str, x: Any, shape: tuple[int, ...], dims: str) -> None:
+    _tensor(name, x)
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
+
+
+def _table(name: str, x: Any, lead: tuple[int, int], lq: int, lk: int, d: int | None,
+           causal: bool) -> Any:  # fmt: skip
+    """A table ``(..., W, d)`` (a bias ``(..., W)`` for ``d=None``) checked and expanded to
+    ``(B, H, W, …)``: the expansion is in the autograd graph, which sums the gradient back
+    to the given shape."""
+    if x is None:
+        return None
+    _tensor(name, x)
+    n = 1 if d is None else 2
+    shape = tuple(x.shape)
+    if not n <= x.ndim <= n + 2 or (d is not None and shape[-1] != d):
+        dims = "(..., W)" if d is None else f"(..., W, d) with d = {d}"
+        raise ValueError(f"{name} must have shape {dims}, at most 2 leading dims, got {shape}")
+    width, full = shape[-n], lq + lk - 1
+    if width not in (full, lk) or (width != full and not causal):
+        raise ValueError(
+            f"{name} must have W = Lq + Lk - 1 = {full} (full layout) or W = Lk = {lk} "
+            f"(causal layout, with causal=True), got W = {width}"
+        )
+    head = shape[:-n]
+    if any(s not in (1, t) for s, t in zip(reversed(head), reversed(lead), strict=False)):
+        raise ValueError(f"{name}'s leading dims {head} do not broadcast to (B, H) = {lead}")
+    return x.expand(*lead, *shape[-n:])
+
+
+def relative_attention_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    qp: torch.Tensor | None = None,
+    key_table: torch.Tensor | None = None,
+    ks: torch.Tensor | None = None,
+    query_table: torch.Tensor | None = None,
+    relative_bias: torch.Tensor | None = None,
+    causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: bool | None = None,
+) -> torch.Tensor:
+    """Softmax attention with relative-position terms, in one fused Triton kernel.
+
+    The score of query ``i`` and key ``j``, with table row ``m = j - i + Lq - 1``, is ::
+
+        s_ij = q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m]
+
+    (each term present only if its inputs are given); ``out_i = Σ_j softmax_j(s_i·) v_j``
+    over the visible keys.
+
+    Parameters
+    ----------
+    q : Tensor of shape (B, H, Lq, d)
+        Content queries, already ``(q + u)·scale`` (``u``: the content bias).
+    k : Tensor of shape (B, H, Lk, d)
+        Keys.
+    v : Tensor of shape (B, H, Lk, dv)
+        Values.
+    qp : Tensor of shape (B, H, Lq, d), optional
+        Position queries, already ``(q + v)·scale``; given iff ``key_table`` is.
+    key_table : Tensor of shape (..., W, d), optional
+        ``Kʳ``: row ``m`` encodes the distance ``δ = m - (Lk - 1)`` (key minus query).
+        ``W = Lq + Lk - 1`` (full layout) or ``W = Lk`` (causal layout, ``δ <= 0``, only
+        with ``causal``). Leading dims ``()``, ``(H,)``, ``(B, H)`` or dims of 1 broadcast
+        to ``(B, H)``; any strides, 0 included.
+    ks : Tensor of shape (B, H, Lk, d), optional
+        Keys times ``scale``; given iff ``query_table`` is.
+    query_table : Tensor of shape (..., W, d), optional
+        ``Qʳ``, DeBERTa's position-to-content table, in the layouts of ``key_table``.
+    relative_bias : Tensor of shape (..., W), optional
+        ``b``, one value per distance (T5, ALiBi), in the layouts of ``key_table``.
+    causal : bool
+        Mask the keys with ``δ = j - i - (Lk - Lq) > 0``.
+    block_q, block_k : int, optional
+        Tile sizes (query rows, key rows), powers of two >= 16. By default the largest
+        of 16 … 64 whose tile of padded features takes at most 8 KiB: 64 for float16 and
+        bfloat16 with ``d, dv <= 64``, 32 up to 128, 16 above; float32 32, 16, 16.
+    interpret : bool, optional
+        Run in Triton's interpreter (NumPy, slow: for tests); ``None``: where the tensors
+        are on the CPU, or everywhere when ``TRITON_INTERPRET=1`` was set as Triton was
+        imported (as Triton's own kernels do).
+
+    Returns
+    -------
+    Tensor of shape (B, H, Lq, dv), dtype of ``q``
+        A row without a visible key (causal with ``Lq > Lk``: the first ``Lq - Lk``) is 0,
+        and its gradients are 0. Differentiable with respect to every tensor input (a
+        ``torch.autograd.Function``); the gradients of broadcast tables are summed over
+        the broadcast dims.
+
+    Raises
+    ------
+    TypeError
+        If an input is not a tensor, the dtypes differ, the dtype is not float16,
+        bfloat16, float32 or float64, or ``causal`` is not a bool.
+    ValueError
+        If the shapes do not match, a table comes without its queries or keys (or the
+        reverse), ``W`` fits neither layout (or is ``Lk`` without ``causal``), ``Lq`` or
+        ``Lk`` is 0, ``d`` or ``dv`` exceeds 256, a tile size is not a power of two >= 16,
+        the tensors are on different devices, or ``interpret=False`` for CPU tensors.
+
+    Notes
+    -----
+    The content-to-position term is Transformer-XL's (Dai et al. 2019, eq. (3), terms
+    (b) and (d) with the ``u``/``v`` biases folded into ``q``/``qp``), computed as in
+    their appendix B: one product with the ``BM + BN - 1`` table rows of a tile pair,
+    then a per-row shift (here a ``tl.gather``). The position-to-content term is
+    DeBERTa's (He et al. 2021, eqs. (2)–(4)), the same from the keys' side. The forward
+    pass streams key tiles with an online softmax and keeps the per-row log-sum-exp; the
+    backward pass recomputes the probabilities per tile (Dao 2023, FlashAttention-2,
+    algorithm 2), and sums the tables' gradients per tile diagonal, without an
+    ``(Lq, W, d)`` intermediate. Accumulation is float32 (float64 for float64 inputs).
+    The interpreter has no bfloat16 ``tl.dot`` (triton-lang/triton#11584): it computes
+    bfloat16 inputs in float32 and rounds the output.
+    """
+    dims = {"q": "(B, H, Lq, d)", "k": "(B, H, Lk, d)", "v": "(B, H, Lk, dv)"}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x)
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have shape {dims[name]}, got {tuple(x.shape)}")
+    batch, heads, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    _rows("k", k, (batch, heads, lk, d), dims["k"])
+    _rows("v", v, (batch, heads, lk, dv), dims["v"])
+    if 0 in (lq, lk):
+        raise ValueError(f"Lq and Lk must be at least 1, got Lq = {lq}, Lk = {lk}")
+    if max(d, dv) > MAX_HEAD_DIM:
+        raise ValueError(f"d and dv must be at most {MAX_HEAD_DIM}, got d = {d}, dv = {dv}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    for table, rows, table_name, rows_name in (
+        (key_table, qp, "key_table", "qp"), (query_table, ks, "query_table", "ks")
+    ):  # fmt: skip
+        if (table is None) != (rows is None):
+            alone, missing = (table_name, rows_name) if rows is None else (rows_name, table_name)
+            raise ValueError(f"{alone} is given without {missing}: give both or neither")
+    if qp is not None:
+        _rows("qp", qp, (batch, heads, lq, d), dims["q"])
+    if ks is not None:
+        _rows("ks", ks, (batch, heads, lk, d), dims["k"])
+    lead = (batch, heads)
+    kr = _table("key_table", key_table, lead, lq, lk, d, causal)
+    qr = _table("query_table", query_table, lead, lq, lk, d, causal)
+    bias = _table("relative_bias", relative_bias, lead, lq, lk, None, causal)
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q must be float16, bfloat16, float32 or float64, got {q.dtype}")
+    given = {"k": k, "v": v, "qp": qp, "ks": ks, "key_table": kr, "query_table": qr,
+             "relative_bias": bias}  # fmt: skip
+    for name, x in given.items():
+        if x is not None and x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    # Tiles of at most 8 KiB per (tile, padded features) input: 64 rows for 16-bit
+    # d <= 64, down to 16 (with every term, at most ~100 KiB of shared memory on sm_90 but
+    # float32 with d > 128 and float64 with d > 64).
+    features = max(16, triton.next_power_of_2(max(d, dv)))
+    default = max(16, min(64, 8192 // (features * q.element_size())))
+    block_q = default if block_q is None else block_q
+    block_k = default if block_k is None else block_k
+    for name, block in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(block, int) or block < 16 or block & (block - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {block!r}")
+    if interpret is None:
+        interpret = q.device.type == "cpu" or _language_interpreted()
+    if not interpret and q.device.type == "cpu":
+        raise ValueError("interpret=False needs GPU tensors: Triton compiles for GPUs only")
+    if interpret and q.dtype == torch.bfloat16:
+        # The interpreter multiplies bfloat16's raw bits in tl.dot (triton-lang/triton#11584):
+        # compute in float32 there; the casts are in the autograd graph.
+        def up(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.float()
+
+        out = relative_attention_kernel(
+            q.float(), k.float(), v.float(), qp=up(qp), key_table=up(key_table), ks=up(ks),
+            query_table=up(query_table), relative_bias=up(relative_bias), causal=causal,
+            block_q=block_q, block_k=block_k, interpret=True,
+        )  # fmt: skip
+        return out.to(torch.bfloat16)
+    config = _Config(causal, block_q, block_k, interpret)
+    out = _RelativeAttention.apply(q, k, v, qp, kr, ks, qr, bias, config)
+    assert isinstance(out, torch.Tensor)
+    return out

@@ -1,0 +1,165 @@
+"""relattn's relative-position kernels through the public functions: the plan takes the
+Triton kernel (PyTorch) or the Pallas kernel (JAX) on a GPU for the terms no library kernel
+has, and the result equals the block fold. On a CPU the kernels run in their interpreters
+where ``relattn.config.path`` forces them (tiny sizes: interpreted kernels are slow); the
+kernels' own tests are ``test_triton_kernel.py`` and ``test_pallas_kernel.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import relattn
+from relattn.backends import backend_for
+from relattn.testing import Target
+
+pytestmark = [pytest.mark.slow]
+
+
+def _kernel(target: Target) -> str:
+    """The kernel's path name on ``target``, skipping where its library is missing."""
+    if target.is_torch:
+        pytest.importorskip("triton")
+        return "triton"
+    pytest.importorskip("jax.experimental.pallas")
+    return "pallas"
+
+
+#: Transformer-XL (causal layout), the full layout with Lq < Lk, DeBERTa's two tables, and
+#: a per-distance bias with a table: ``(lq, lk, causal, full layout, query table, bias)``.
+CASES = {
+    "transformer_xl": (11, 11, True, False, False, False),
+    "memory": (5, 13, True, False, False, True),
+    "full_layout": (6, 10, False, True, False, False),
+    "deberta": (9, 9, False, True, True, True),
+}
+
+
+def _inputs(rng: np.random.Generator, case: str, d: int = 8) -> dict:
+    lq, lk, _, full, query_table, bias = CASES[case]
+    width = lq + lk - 1 if full else lk
+    a = {
+        "q": rng.standard_normal((1, 2, lq, d)),
+        "k": rng.standard_normal((1, 2, lk, d)),
+        "v": rng.standard_normal((1, 2, lk, 6)),
+        "position_table": rng.standard_normal((2, width, d)) / 2,
+        "content_bias": rng.standard_normal((2, 1, d)) / 4,
+        "position_bias": rng.standard_normal((2, 1, d)) / 4,
+    }
+    if query_table:
+        a["query_position_table"] = rng.standard_normal((width, d)) / 2
+    if bias:
+        a["relative_bias"] = rng.standard_normal((2, width))
+    return a
+
+
+def _call(arrays: dict, case: str, **options) -> object:
+    causal = CASES[case][2]
+    return relattn.relative_attention(**arrays, causal=causal, **options)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_forced_kernel_equals_the_fold(jit_backend, case, rng):
+    name = _kernel(jit_backend)
+    arrays = {n: jit_backend.asarray(a, "float32") for n, a in _inputs(rng, case).items()}
+    expected = jit_backend.to_host(_call(arrays, case, block_size=(4, 4)))
+    with relattn.config.override(path=name):
+        plan = relattn.explain(relattn.relative_attention, **arrays, causal=CASES[case][2])
+        out = _call(arrays, case)
+    assert plan.path == name
+    np.testing.assert_allclose(jit_backend.to_host(out), expected, rtol=2e-5, atol=2e-6)
+
+
+def _gradients(target: Target, arrays: dict, case: str, **options) -> dict:
+    names = list(arrays)
+    cotangent = np.random.default_rng(5).standard_normal((1, 2, CASES[case][0], 6))
+    if target.is_torch:
+        import torch
+
+        leaves = {n: a.detach().clone().requires_grad_(True) for n, a in arrays.items()}
+        out = _call(leaves, case, **options)
+        out.backward(torch.as_tensor(cotangent, dtype=out.dtype, device=out.device))
+        return {n: target.to_host(leaves[n].grad) for n in names}
+    import jax
+
+    def loss(values: dict) -> object:
+        return (_call(values, case, **options) * cotangent).sum()
+
+    grads = jax.grad(loss)(arrays)
+    return {n: target.to_host(grads[n]) for n in names}
+
+
+@pytest.mark.parametrize("case", ["transformer_xl", "deberta"])
+def test_the_forced_kernels_gradients_equal_the_folds(jit_backend, case, rng):
+    name = _kernel(jit_backend)
+    arrays = {n: jit_backend.asarray(a, "float32") for n, a in _inputs(rng, case).items()}
+    expected = _gradients(jit_backend, arrays, case, block_size=(4, 4))
+    with relattn.config.override(path=name):
+        got = _gradients(jit_backend, arrays, case)
+    for n in arrays:
+        np.testing.assert_allclose(got[n], expected[n], rtol=5e-5, atol=5e-5, err_msg=n)
+
+
+class _Device:
+    """A stand-in for a CUDA device (``type`` as torch's devices say it)."""
+
+    type = "cuda"
+
+    def __hash__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("library", ["torch", "jax"])
+def test_a_gpu_plan_takes_the_kernel_for_a_position_table(library, rng):
+    """On a GPU Transformer-XL's and DeBERTa's tables take relattn's kernel (FlexAttention
+    cannot carry them); a per-distance bias alone stays with FlexAttention on torch; a
+    value table (Shaw), a mask or positions as data go elsewhere, saying why."""
+    target = relattn.testing.target(library)
+    if target.unavailable:
+        pytest.skip(target.unavailable)
+    name = _kernel(target)
+    backend = dataclasses.replace(backend_for(target.xp), free_memory=lambda device: 80 << 30)
+    settings = relattn._config.Settings()
+    arrays = {n: target.asarray(a, "float32") for n, a in _inputs(rng, "deberta").items()}
+
+    def plan(**changes: object) -> relattn.plan.Plan:
+        p = relattn.problem.check(arrays["q"], arrays["k"], arrays["v"], **changes)
+        return relattn.plan.choose(p, backend, _Device(), True, False, settings)
+
+    tables = {n: arrays[n] for n in ("position_table", "query_position_table")}
+    assert plan(**tables).path == name
+    assert plan(position_table=arrays["position_table"], causal=False).path == name
+    mask = target.asarray(np.ones((9, 9), dtype=bool))
+    masked = plan(**tables, mask=mask)
+    assert masked.path != name
+    assert "mask or bias is not formed" in dict(masked.refused)[name]
+    if library == "torch":
+        assert plan(relative_bias=arrays["relative_bias"]).path == "flex"
+    on_cpu = relattn.plan.choose(
+        relattn.problem.check(arrays["q"], arrays["k"], arrays["v"], **tables),
+        backend, "cpu", True, False, settings,
+    )  # fmt: skip
+    assert on_cpu.path != name
+    assert "runs only in its interpreter" in dict(on_cpu.refused)[name]
+
+
+def test_a_forced_kernel_that_cannot_compute_the_call_says_why(jit_backend, rng):
+    name = _kernel(jit_backend)
+    arrays = {n: jit_backend.asarray(a, "float32") for n, a in _inputs(rng, "deberta").items()}
+    values = jit_backend.asarray(rng.standard_normal((17, 6)), "float32")
+    with (
+        relattn.config.override(path=name),
+        pytest.raises(ValueError, match=f"path='{name}' cannot compute this call: a value table"),
+    ):
+        relattn.relative_attention(**arrays, value_table=values)
+
+
+def test_the_kernel_record_is_offered_to_the_plan():
+    """Each backend offers its kernel: FlexAttention and Triton on torch, Pallas on JAX."""
+    from relattn.backends import _jax, _torch
+
+    assert [k.name for k in _torch.BACKEND.kernels] == ["flex", "triton"]
+    assert [k.name for k in _jax.BACKEND.kernels] == ["pallas"]
+    assert all(k.gpu_only for k in (*_torch.BACKEND.kernels[1:], *_jax.BACKEND.kernels))

@@ -1,0 +1,412 @@
+"""relattn's Triton kernel (:mod:`relattn.backends._triton`) in Triton's interpreter.
+
+Checked against a NumPy float64 loop over ``(i, j)`` of the formula, autodiff of a dense
+float64 PyTorch implementation (the gradients) and relattn's own block fold. Sizes are tiny
+and tiles 16 (the interpreter runs each tile op in NumPy): several tiles per axis, lengths
+that are not multiples of a tile, ``d`` not a power of two and ``dv < 16`` (padded axes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import relattn  # noqa: E402
+from relattn.backends._triton import (  # noqa: E402
+    _Config,
+    _inputs,
+    _kernels,
+    _language_interpreted,
+    relative_attention_kernel,
+)
+
+pytestmark = [pytest.mark.slow]
+
+D, DV = 24, 8
+#: (Lq, Lk, causal, layout): layout "causal" is W = Lk, "full" W = Lq + Lk - 1.
+CASES = {
+    "square": (20, 20, False, "full"),
+    "causal-square": (20, 20, True, "causal"),
+    "short-queries-causal-layout": (13, 37, True, "causal"),
+    "zero-rows": (37, 13, True, "full"),  # causal, Lq > Lk: the first 24 rows see no key
+    "short-queries": (9, 30, False, "full"),
+}
+TERMS = {
+    "content": (),
+    "key_table": ("key_table",),
+    "query_table": ("query_table",),
+    "relative_bias": ("relative_bias",),
+    "all": ("key_table", "query_table", "relative_bias"),
+}
+NAMES = ("q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias")
+
+
+def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0):
+    """NumPy float64 inputs: ``q, k, v`` and the arrays of ``terms`` (tables per head)."""
+    rng = np.random.default_rng(seed)
+    width = lk if layout == "causal" else lq + lk - 1
+
+    def normal(*shape):
+        return 0.5 * rng.standard_normal(shape)
+
+    x = {"q": normal(batch, heads, lq, D), "k": normal(batch, heads, lk, D)}
+    x["v"] = normal(batch, heads, lk, DV)
+    if "key_table" in terms:
+        x["qp"], x["key_table"] = normal(batch, heads, lq, D), normal(heads, width, D)
+    if "query_table" in terms:
+        x["ks"], x["query_table"] = normal(batch, heads, lk, D), normal(heads, width, D)
+    if "relative_bias" in terms:
+        x["relative_bias"] = normal(heads, width)
+    return x
+
+
+def loop_reference(x, causal):
+    """``out[b, h, i]`` from the formula, one pair ``(i, j)`` at a time (NumPy float64)."""
+    q, k, v = x["q"], x["k"], x["v"]
+    batch, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    lead = (batch, heads)
+    kr, qr, b = (x.get(n) for n in ("key_table", "query_table", "relative_bias"))
+    kr = None if kr is None else np.broadcast_to(kr, (*lead, *kr.shape[-2:]))
+    qr = None if qr is None else np.broadcast_to(qr, (*lead, *qr.shape[-2:]))
+    b = None if b is None else np.broadcast_to(b, (*lead, b.shape[-1]))
+    out = np.zeros((batch, heads, lq, v.shape[-1]))
+    for n, h, i in np.ndindex(batch, heads, lq):
+        keys, scores = [], []
+        for j in range(lk):
+            if causal and j - i - (lk - lq) > 0:
+                continue
+            m = j - i + lq - 1
+            s = q[n, h, i] @ k[n, h, j]
+            if kr is not None:
+                s += x["qp"][n, h, i] @ kr[n, h, m]
+            if qr is not None:
+                s += x["ks"][n, h, j] @ qr[n, h, m]
+            if b is not None:
+                s += b[n, h, m]
+            keys.append(j)
+            scores.append(s)
+        if keys:
+            p = np.exp(np.array(scores) - max(scores))
+            out[n, h, i] = (p / p.sum()) @ v[n, h, keys]
+    return out
+
+
+def dense_reference(t, causal):
+    """The same in float64 PyTorch, whole ``(Lq, Lk)`` scores, for autodiff."""
+    q, k, v = t["q"], t["k"], t["v"]
+    lq, lk = q.shape[2], k.shape[2]
+    m = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] + lq - 1  # (Lq, Lk)
+    s = q @ k.transpose(-1, -2)
+
+    lead = q.shape[:2]
+
+    def rows(table):  # rows m(i, j) (clipped: those cells are masked), (B, H, Lq, Lk, d)
+        table = table.expand(*lead, *table.shape[-2:])
+        return table[..., m.clamp(max=table.shape[-2] - 1), :]
+
+    if t.get("key_table") is not None:
+        s = s + torch.einsum("bhid,bhijd->bhij", t["qp"], rows(t["key_table"]))
+    if t.get("query_table") is not None:
+        s = s + torch.einsum("bhjd,bhijd->bhij", t["ks"], rows(t["query_table"]))
+    if t.get("relative_bias") is not None:
+        b = t["relative_bias"]
+        s = s + b.expand(*lead, b.shape[-1])[..., m.clamp(max=b.shape[-1] - 1)]
+    visible = torch.ones(lq, lk, dtype=torch.bool)
+    if causal:
+        visible = m - (lk - 1) <= 0
+    seen = visible.any(-1, keepdim=True)
+    # Rows without a visible key: softmax over all keys (finite), then zeroed.
+    p = torch.softmax(s.masked_fill(~(visible | ~seen), -math.inf), -1) * seen
+    return p @ v
+
+
+def run_kernel(t, causal, **kwargs):
+    return relative_attention_kernel(
+        t["q"], t["k"], t["v"], qp=t.get("qp"), key_table=t.get("key_table"), ks=t.get("ks"),
+        query_table=t.get("query_table"), relative_bias=t.get("relative_bias"),
+        causal=causal, **kwargs,
+    )  # fmt: skip
+
+
+def tensors(x, dtype):
+    return {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in x.items()}
+
+
+def check_gradients(x, causal, dtype, tol):
+    """Forward and every input's gradient of the kernel in ``dtype`` against the dense
+    float64 reference at the same (rounded) inputs."""
+    got = tensors(x, dtype)
+    want = {n: a.detach().double().requires_grad_() for n, a in got.items()}
+    out = run_kernel(got, causal, block_q=16, block_k=16)
+    expected = dense_reference(want, causal)
+    assert out.dtype == dtype and out.shape == expected.shape
+    grad = torch.randn(
+        expected.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+    )
+    names = [n for n in NAMES if n in got]
+    grads = torch.autograd.grad(out, [got[n] for n in names], grad.to(dtype))
+    expected_grads = torch.autograd.grad(expected, [want[n] for n in names], grad)
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    for name, g, e in zip(names, grads, expected_grads, strict=True):
+        assert g.shape == got[name].shape and g.dtype == dtype, name
+        torch.testing.assert_close(
+            g.double(), e, rtol=tol, atol=tol, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("terms", TERMS)
+@pytest.mark.parametrize("case", CASES)
+def test_forward_against_loop(case, terms):
+    lq, lk, causal, layout = CASES[case]
+    x = make_inputs(lq, lk, layout, TERMS[terms])
+    out = run_kernel(tensors(x, torch.float32), causal, block_q=16, block_k=16)
+    np.testing.assert_allclose(
+        out.detach().double().numpy(), loop_reference(x, causal), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_all_terms(case):
+    lq, lk, causal, layout = CASES[case]
+    check_gradients(make_inputs(lq, lk, layout, TERMS["all"]), causal, torch.float32, 1e-5)
+
+
+@pytest.mark.parametrize("terms", ["content", "key_table", "query_table", "relative_bias"])
+@pytest.mark.parametrize("case", ["zero-rows", "short-queries-causal-layout"])
+def test_gradients_one_term(case, terms):
+    lq, lk, causal, layout = CASES[case]
+    check_gradients(make_inputs(lq, lk, layout, TERMS[terms]), causal, torch.float32, 1e-5)
+
+
+def test_zero_rows():
+    """Causal with Lq > Lk: the rows without a visible key are exactly 0, their gradients 0."""
+    lq, lk, causal, layout = CASES["zero-rows"]
+    t = tensors(make_inputs(lq, lk, layout, TERMS["all"]), torch.float32)
+    out = run_kernel(t, causal, block_q=16, block_k=16)
+    empty = lq - lk
+    assert torch.equal(out[..., :empty, :], torch.zeros_like(out[..., :empty, :]))
+    out.sum().backward()
+    for name, a in t.items():
+        assert a.grad is not None and torch.isfinite(a.grad).all(), name
+    assert torch.equal(t["q"].grad[..., :empty, :], torch.zeros_like(t["q"].grad[..., :empty, :]))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.bfloat16, 2e-2), (torch.float16, 5e-3), (torch.float64, 1e-10)]
+)
+def test_dtypes(dtype, tol):
+    """bfloat16 runs in float32 in the interpreter (no bfloat16 tl.dot there)."""
+    lq, lk, causal, layout = CASES["zero-rows"]
+    check_gradients(make_inputs(lq, lk, layout, TERMS["all"]), causal, dtype, tol)
+
+
+def test_tile_shapes():
+    """block_q != block_k (the table gradients take square tiles of the smaller), and the
+    default tiles (one tile holds everything)."""
+    lq, lk, causal, layout = CASES["short-queries-causal-layout"]
+    x = make_inputs(lq, lk, layout, TERMS["all"])
+    check_gradients(x, causal, torch.float32, 1e-5)  # 16 x 16
+    t = tensors(x, torch.float32)
+    expected = torch.from_numpy(loop_reference(x, causal))
+    for blocks in ({"block_q": 16, "block_k": 32}, {"block_q": 32, "block_k": 16}, {}):
+        out = run_kernel(t, causal, **blocks)
+        torch.testing.assert_close(out.detach().double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_broadcast_and_strided_inputs():
+    """Tables given as (W, d), an expanded (B, H, W, d) view with stride 0 and a bias per
+    head; q a transposed view: gradients in the given shapes, summed over broadcast dims."""
+    lq, lk, causal, layout = CASES["square"]
+    x = make_inputs(lq, lk, layout, TERMS["all"], batch=2, heads=2)
+    t = tensors(x, torch.float64)
+    width = lq + lk - 1
+    kr = torch.tensor(x["key_table"][0], requires_grad=True)  # (W, d)
+    qr = torch.tensor(x["query_table"][:1], requires_grad=True)  # (1, W, d)
+    q = torch.tensor(np.ascontiguousarray(x["q"].transpose(0, 2, 1, 3)), requires_grad=True)
+    inputs = {
+        **t,
+        "q": q.transpose(1, 2),
+        "key_table": kr,
+        "query_table": qr.expand(2, 2, width, D),
+    }
+    assert inputs["q"].stride() != inputs["q"].contiguous().stride()
+    assert inputs["query_table"].stride()[:2] == (0, 0)
+    out = run_kernel(inputs, causal, block_q=16, block_k=16)
+    expected = dense_reference(inputs, causal)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    leaves = (q, kr, qr, t["relative_bias"])
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    for leaf, g, e in zip(leaves, grads, expected_grads, strict=True):
+        assert g.shape == leaf.shape
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+def test_mixed_layouts_and_frozen_table():
+    """A causal problem with tables in both layouts, and a table without a gradient."""
+    lq, lk = 13, 37
+    x = make_inputs(lq, lk, "full", TERMS["all"])
+    x["query_table"] = x["query_table"][:, :lk]  # causal layout, W = Lk
+    t = tensors(x, torch.float64)
+    t["key_table"].requires_grad_(False)
+    out = run_kernel(t, True, block_q=16, block_k=16)
+    expected = dense_reference(t, True)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    leaves = [a for a in t.values() if a.requires_grad]
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_against_fold(causal):
+    """relattn.relative_attention's fold: scores ((q+u)·k + (q+v)·Kʳ[m] + k·Qʳ[m])·scale + b[m]."""
+    lq, lk = 13, 29
+    rng = np.random.default_rng(3)
+    width = lq + lk - 1
+
+    def leaf(*shape):
+        return torch.tensor(0.5 * rng.standard_normal(shape), requires_grad=True)
+
+    q, k, v = leaf(2, 2, lq, D), leaf(2, 2, lk, D), leaf(2, 2, lk, DV)
+    u, vb = leaf(2, 1, D), leaf(2, 1, D)  # per head, broadcast over the rows
+    kr, qr, b = leaf(2, width, D), leaf(width, D), leaf(2, width)
+    leaves = (q, k, v, u, vb, kr, qr, b)
+    expected = relattn.relative_attention(
+        q, k, v, kr, content_bias=u, position_bias=vb, query_position_table=qr,
+        relative_bias=b, causal=causal, block_size=(8, 8),
+    )  # fmt: skip
+    scale = 1 / math.sqrt(D)
+    f32 = [a.float() for a in leaves]
+    out = relative_attention_kernel(
+        (f32[0] + f32[3]) * scale, f32[1], f32[2], qp=(f32[0] + f32[4]) * scale,
+        key_table=f32[5], ks=f32[1] * scale, query_table=f32[6], relative_bias=f32[7],
+        causal=causal, block_q=16, block_k=16,
+    )  # fmt: skip
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.double(), e, rtol=1e-5, atol=2e-5)
+
+
+def test_builds():
+    """interpret=None runs the interpreter for CPU tensors whatever TRITON_INTERPRET says
+    (each build sets it only while it decorates); the compiled build is Triton's JIT."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    before = os.environ.get("TRITON_INTERPRET")
+    assert isinstance(_kernels(True)._forward, InterpretedFunction)
+    assert isinstance(_kernels(False)._forward, triton.JITFunction)
+    assert os.environ.get("TRITON_INTERPRET") == before
+
+
+@pytest.mark.skipif(
+    tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9)
+    or "nvidia" not in triton.backends.backends
+    or _language_interpreted(),
+    reason="the ASTSource signature format of Triton >= 3.9, its NVIDIA backend, and "
+    "triton.language imported without TRITON_INTERPRET=1",
+)
+@pytest.mark.parametrize(("arch", "dtype"), [(80, torch.bfloat16), (90, torch.float32)])
+def test_compiles_for_nvidia(arch, dtype, monkeypatch, tmp_path):
+    """The GPU build through Triton's whole NVIDIA pipeline (ptxas included), without a GPU:
+    every term, causal, tiles of 16, the launch's own constexprs and options."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    t = {n: a.to(dtype) for n, a in valid_inputs().items()}
+    config = _Config(causal=True, block_q=16, block_k=16, interpret=False)
+    _, meta = _inputs(
+        t["q"], t["k"], t["v"], t["qp"], t["ks"], t["key_table"].expand(2, 1, 11, D),
+        t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11), config,
+    )  # fmt: skip
+    options = {
+        "num_stages": meta.pop("num_stages"),
+        "enable_fp_fusion": meta.pop("enable_fp_fusion"),
+    }
+    element = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    for kernel in vars(_kernels(False)).values():
+        signature = {}
+        for param in kernel.params:
+            if param.is_constexpr:
+                signature[param.name] = "constexpr"
+            elif param.name.endswith("_ptr"):
+                # The log-sum-exp, D and the table gradients' buffers are float32.
+                own = param.name in ("lse_ptr", "delta_ptr", "dkr_ptr", "dqr_ptr", "db_ptr")
+                signature[param.name] = "*fp32" if own else f"*{element}"
+            else:
+                signature[param.name] = "i32"
+        source = ASTSource(kernel, signature, meta)
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+        assert compiled.metadata.shared <= 100 * 1024
+
+
+def valid_inputs(**changes):
+    """Float32 inputs with every term (Lq = 5, Lk = 7, full layout), ``changes`` replacing some."""
+    x = make_inputs(5, 7, "full", TERMS["all"])
+    return {**{n: torch.tensor(a, dtype=torch.float32) for n, a in x.items()}, **changes}
+
+
+def zeros(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+#: Replaced inputs, the error and the message it must match.
+BAD = {
+    "q-3d": ({"q": zeros(1, 5, D)}, ValueError, r"q must have shape \(B, H, Lq, d\)"),
+    "k-d": ({"k": zeros(2, 1, 7, D + 1)}, ValueError, r"k must have shape"),
+    "v-length": ({"v": zeros(2, 1, 6, DV)}, ValueError, r"v must have shape"),
+    "table-no-qp": ({"qp": None}, ValueError, r"key_table is given without qp"),
+    "ks-no-table": ({"query_table": None}, ValueError, r"ks is given without query_table"),
+    "width": (
+        {"key_table": zeros(1, 10, D)}, ValueError,
+        r"key_table must have W = Lq \+ Lk - 1 = 11 .* or W = Lk = 7 .*got W = 10",
+    ),
+    "causal-layout-not-causal": ({"relative_bias": zeros(1, 7)}, ValueError, r"relative_bias must"),
+    "table-heads": (
+        {"query_table": zeros(3, 11, D)}, ValueError,
+        r"query_table's leading dims \(3,\) do not broadcast to \(B, H\) = \(2, 1\)",
+    ),
+    "head-dim": (
+        {"q": zeros(2, 1, 5, 257), "k": zeros(2, 1, 7, 257)}, ValueError,
+        r"d and dv must be at most 256, got d = 257",
+    ),
+    "dtypes": ({"v": zeros(2, 1, 7, DV, dtype=torch.float64)}, TypeError, r"v must have q's dtype"),
+    "integer": (
+        {n: zeros(*a.shape, dtype=torch.int32) for n, a in valid_inputs().items() if n in "qkv"},
+        TypeError, r"q must be float16, bfloat16, float32 or float64, got torch.int32",
+    ),
+    "not-a-tensor": ({"ks": np.zeros((2, 1, 7, D))}, TypeError, r"ks must be a torch.Tensor"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_inputs(case):
+    changes, error, message = BAD[case]
+    with pytest.raises(error, match=message):
+        run_kernel(valid_inputs(**changes), False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"block_q": 24}, ValueError, r"block_q must be a power of two >= 16, got 24"),
+        ({"block_k": 8}, ValueError, r"block_k must be a power of two >= 16, got 8"),
+        ({"interpret": False}, ValueError, r"interpret=False needs GPU tensors"),
+        ({"causal": 1}, TypeError, r"causal must be a bool, got int"),
+    ],
+)
+def test_bad_options(kwargs, error, message):
+    causal = kwargs.pop("causal", False)
+    with pytest.raises(error, match=message):
+        run_kernel(valid_inputs(), causal, **kwargs)
