@@ -7,7 +7,9 @@ per-distance bias): each term alone and all together, the full and the causal la
 multiples of the tiles, ``d`` not a power of two, tables with fewer leading dims. Against
 relattn's own block fold. Every input's gradient against autodiff of a dense float64
 implementation, also written here. float32 to about 1e-5, bfloat16 and float16 loosely;
-``jax.jit`` equal to eager; bad input.
+``jax.jit`` equal to eager; bad input. Segment ids and key masks (packed documents, key
+padding): against the references with the mask, NaN in the masked keys' rows, rows with
+no visible key in the middle of a sequence, broadcast shapes.
 """
 
 from __future__ import annotations
@@ -40,19 +42,26 @@ needs_x64 = pytest.mark.skipif(
 # ------------------------------------------------------------------------------------------
 # References
 # ------------------------------------------------------------------------------------------
-def _full(x, trailing):
-    """A table (or bias) with up to two leading dims, broadcast to ``(B, H, ...)``."""
-    x = np.asarray(x, np.float64)
+def _full(x, trailing, dtype=np.float64):
+    """A table (or bias, segment ids, mask) with up to two leading dims, broadcast to
+    ``(B, H, ...)``."""
+    x = np.asarray(x, dtype)
     x = x.reshape((1,) * (trailing + 2 - x.ndim) + x.shape)
     return np.broadcast_to(x, (B, H, *x.shape[2:]))
 
 
 def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=None,
-                   relative_bias=None, causal=False):  # fmt: skip
+                   relative_bias=None, query_segments=None, key_segments=None,
+                   key_mask=None, causal=False):  # fmt: skip
     """``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m]) v`` pair by pair in float64,
     ``m = j - i + Lq - 1``; with ``causal`` the keys with ``j - i - (Lk - Lq) > 0`` are
-    left out; a query with no key gives zeros."""
+    left out, with segments those of other documents, with a key mask the masked ones
+    (never read); a query with no key gives zeros."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    segments = None
+    if query_segments is not None:
+        segments = (_full(query_segments, 1, np.int64), _full(key_segments, 1, np.int64))
+    keep = None if key_mask is None else _full(key_mask, 1, bool)
     lq, lk = q.shape[2], k.shape[2]
     kt = None if key_table is None else _full(key_table, 2)
     qt = None if query_table is None else _full(query_table, 2)
@@ -66,6 +75,10 @@ def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=Non
                 scores, keys = [], []
                 for j in range(lk):
                     if causal and j - i - (lk - lq) > 0:
+                        continue
+                    if segments is not None and segments[0][b, h, i] != segments[1][b, h, j]:
+                        continue
+                    if keep is not None and not keep[b, h, j]:
                         continue
                     m = j - i + lq - 1
                     s = q[b, h, i] @ k[b, h, j]
@@ -83,10 +96,12 @@ def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=Non
     return out
 
 
-def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal):
+def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal,
+              query_segments=None, key_segments=None, key_mask=None):  # fmt: skip
     """The same scores as one gathered ``(B, H, Lq, Lk)`` array, for ``jax.grad``: each
     table gathered at ``m(i, j)`` (zero where a causal-layout table lacks the column, a
-    masked cell)."""
+    masked cell); segments and the key mask as a select of the visible cells (so its
+    inputs must be finite)."""
     lq, lk = q.shape[2], k.shape[2]
     i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
     m = j - i + lq - 1
@@ -106,7 +121,12 @@ def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal):
         s += jnp.einsum("bhjd,bhijd->bhij", ks, at_m(query_table, 2))
     if relative_bias is not None:
         s += at_m(relative_bias, 1)
-    visible = (j - i - (lk - lq) <= 0) if causal else np.ones((lq, lk), bool)
+    visible = jnp.asarray((j - i - (lk - lq) <= 0) if causal else np.ones((lq, lk), bool))
+    if query_segments is not None:
+        qs, kseg = _full(query_segments, 1, np.int64), _full(key_segments, 1, np.int64)
+        visible = visible & (qs[..., :, None] == kseg[..., None, :])
+    if key_mask is not None:
+        visible = visible & _full(key_mask, 1, bool)[..., None, :]
     s = jnp.where(visible, s, -jnp.inf)
     top = jnp.max(s, axis=-1, keepdims=True)
     e = jnp.where(visible, jnp.exp(s - jnp.where(visible.any(-1, keepdims=True), top, 0)), 0)
@@ -223,12 +243,12 @@ def grads(f, x, cotangent, causal):
     return dict(zip(names, values, strict=True))
 
 
-def kernel_fn(blocks):
-    return lambda x, causal: run(x, causal=causal, blocks=blocks)
+def kernel_fn(blocks, **masks):
+    return lambda x, causal: run({**x, **masks}, causal=causal, blocks=blocks)
 
 
-def dense_fn(x, causal):
-    return dense_jax(*(x.get(n) for n in INPUTS), causal)
+def dense_fn(x, causal, **masks):
+    return dense_jax(*(x.get(n) for n in INPUTS), causal, **masks)
 
 
 #: name -> (Lq, Lk, d, layout, causal, tiles, table leading dims).
@@ -293,18 +313,135 @@ def test_half_precision(dtype, rng):
 
 
 # ------------------------------------------------------------------------------------------
+# Segments and key masks
+# ------------------------------------------------------------------------------------------
+def documents(rng, lead, length, dtype=np.int32, count=3):
+    """Sorted document ids ``(*lead, length)`` in ``[0, count)`` (packed documents)."""
+    return np.sort(rng.integers(0, count, size=(*lead, length)), axis=-1).astype(dtype)
+
+
+def key_keep(rng, lead, lk):
+    """A random key mask ``(*lead, Lk)``, about one key in four masked."""
+    return rng.random(size=(*lead, lk)) > 0.25
+
+
+def with_nan_keys(x, key_mask):
+    """``x`` (float64 NumPy) with NaN in the masked keys' rows of ``k``, ``v`` and ``ks``
+    (an unfilled cache slot)."""
+    masked = ~_full(key_mask, 1, bool)
+    x = dict(x)
+    for name in ("k", "v", "ks"):
+        if name in x:
+            x[name] = np.where(masked[..., None], np.nan, x[name])
+    return x
+
+
+def no_visible_key(out):
+    """The rows of a reference output that are exactly zero: those with no visible key."""
+    return ~np.asarray(out).any(axis=-1)
+
+
+#: name -> (Lq, Lk, layout, causal, tiles, table lead, masks(rng, lq, lk)).
+MASKED_FORWARD_CASES = {
+    "segments-causal-all-tables": (20, 20, "full", True, (8, 16), (B, H), lambda r, lq, lk: {
+        "query_segments": (s := documents(r, (B, H), lq)), "key_segments": s}),
+    "segments-(B,1,L)-int8-int64-mask-(Lk,)-lq<lk": (
+        11, 26, "full", False, (16, 16), (H,), lambda r, lq, lk: {
+            "query_segments": documents(r, (B, 1), lq, np.int8),
+            "key_segments": documents(r, (B, 1), lk, np.int64), "key_mask": key_keep(r, (), lk)}),
+    "mask-(B,1,Lk)-one-batch-masked-causal-layout-decode": (
+        5, 23, "causal", True, (8, 8), (B, H), lambda r, lq, lk: {
+            "key_mask": key_keep(r, (B, 1), lk) & np.array([True, False])[:, None, None]}),
+    "segments-(Lq,)-(H,Lk)-uint8-mask-(H,Lk)-causal-layout": (
+        17, 17, "causal", True, (16, 16), (), lambda r, lq, lk: {
+            "query_segments": documents(r, (), lq, np.uint8),
+            "key_segments": documents(r, (H,), lk, np.uint8), "key_mask": key_keep(r, (H,), lk)}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MASKED_FORWARD_CASES)
+def test_masked_forward_matches_loop_reference(case, rng):
+    lq, lk, layout, causal, blocks, lead, masks = MASKED_FORWARD_CASES[case]
+    x = make_inputs(rng, lq, lk, 8, layout=layout, table_lead=lead)
+    m = masks(rng, lq, lk)
+    out = run({**as_jax(x, jnp.float32), **{n: jnp.asarray(a) for n, a in m.items()}},
+              causal=causal, blocks=blocks)  # fmt: skip
+    expected = loop_reference(**x, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
+    empty = no_visible_key(expected)
+    assert not np.asarray(out)[empty].any()  # rows that see no key: exactly zero
+
+
+#: name -> (Lq, Lk, layout, causal, tiles, table lead, masks(rng, lq, lk)).
+MASKED_GRADIENT_CASES = {
+    # Random key mask, batch 1 wholly masked: its outputs and gradients are all zero.
+    "segments-(B,1,L)-mask-(B,1,Lk)-lq<lk": (13, 20, "full", False, (8, 16), (B, H),
+        lambda r, lq, lk: {
+            "query_segments": documents(r, (B, 1), lq, count=2),
+            "key_segments": documents(r, (B, 1), lk, count=2),
+            "key_mask": key_keep(r, (B, 1), lk) & np.array([True, False])[:, None, None]}),
+    # Self-attention over packed documents 0, 1, 2 with every key of document 1 masked:
+    # its rows see no key, in the middle of the sequence.
+    "segments-causal-layout-masked-document": (19, 19, "causal", True, (16, 16), (H,),
+        lambda r, lq, lk: {
+            "query_segments": (s := np.repeat([[0] * 6 + [1] * 5 + [2] * 8], H, 0)),
+            "key_segments": s, "key_mask": (s[0] != 1) & key_keep(r, (), lk)}),
+}  # fmt: skip
+
+
+@needs_x64
+@pytest.mark.parametrize("case", MASKED_GRADIENT_CASES)
+def test_masked_gradients_with_nan_in_masked_keys(case, rng):
+    """NaN in the masked keys' ``k``, ``v``, ``ks`` rows: the output and every gradient
+    finite and equal to the dense reference without those keys (there given finite
+    values); the masked keys' gradients and those of rows with no visible key are 0."""
+    lq, lk, layout, causal, blocks, lead, masks = MASKED_GRADIENT_CASES[case]
+    x = make_inputs(rng, lq, lk, 8, layout=layout, table_lead=lead)
+    m = masks(rng, lq, lk)
+    masked_keys = ~_full(m["key_mask"], 1, bool)
+    poisoned = as_jax(with_nan_keys(x, m["key_mask"]), jnp.float64)
+    clean = as_jax(x, jnp.float64)
+    f = kernel_fn(blocks, **{n: jnp.asarray(a) for n, a in m.items()})
+    out = f(poisoned, causal)
+    expected_out = loop_reference(**x, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), expected_out, atol=1e-12)
+    empty = no_visible_key(expected_out)
+    assert empty.any() and not np.asarray(out)[empty].any()
+    cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
+    got = grads(f, poisoned, cotangent, causal)
+    expected = grads(functools.partial(dense_fn, **m), clean, cotangent, causal)
+    for name in INPUTS:
+        assert np.isfinite(got[name]).all(), name
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-11, err_msg=name)
+    for name in ("k", "v", "ks"):
+        assert not np.asarray(got[name])[masked_keys].any(), name
+    for name in ("q", "qp"):
+        assert not np.asarray(got[name])[empty].any(), name
+
+
+# ------------------------------------------------------------------------------------------
 # jax.jit
 # ------------------------------------------------------------------------------------------
 @needs_x64
 def test_jit_equals_eager_and_differentiates(rng):
+    """Under ``jax.jit``, the segment ids and key mask traced arguments too."""
     x = as_jax(make_inputs(rng, 9, 14, 8), jnp.float64)
-    f = kernel_fn((8, 8))
-    eager = f(x, False)
-    jitted = jax.jit(functools.partial(f, causal=False))(x)
+    m = {
+        "query_segments": documents(rng, (B, 1), 9, count=2),
+        "key_segments": documents(rng, (B, 1), 14, count=2),
+        "key_mask": key_keep(rng, (), 14),
+    }
+    masks = {n: jnp.asarray(a) for n, a in m.items()}  # fmt: skip
+
+    def f(x, masks):
+        return run({**x, **masks}, causal=False, blocks=(8, 8))
+
+    eager = f(x, masks)
+    jitted = jax.jit(f)(x, masks)
     np.testing.assert_allclose(jitted, eager, atol=1e-14)
     cotangent = jnp.asarray(rng.normal(size=eager.shape))
-    grad = jax.jit(jax.grad(lambda x: jnp.sum(f(x, False) * cotangent)))(x)
-    expected = grads(dense_fn, x, cotangent, False)
+    grad = jax.jit(jax.grad(lambda x, masks: jnp.sum(f(x, masks) * cotangent)))(x, masks)
+    expected = grads(functools.partial(dense_fn, **m), x, cotangent, False)
     for name in INPUTS:
         np.testing.assert_allclose(grad[name], expected[name], atol=1e-11, err_msg=name)
 
@@ -345,6 +482,27 @@ BAD = {
                   r"v must have q's dtype float32, got bfloat16"),
     "int": (lambda r: {"q": jnp.zeros((1, 1, 2, 4), int), "k": jnp.zeros((1, 1, 2, 4), int),
                        "v": jnp.zeros((1, 1, 2, 4), int)}, TypeError, r"q must be float16"),
+    "query-segments-alone": (lambda r: _bad(r, query_segments=jnp.zeros(4, int)), ValueError,
+                             r"query_segments needs key_segments: give both or neither"),
+    "key-segments-alone": (lambda r: _bad(r, key_segments=jnp.zeros(6, int)), ValueError,
+                           r"key_segments needs query_segments"),
+    "segments-length": (lambda r: _bad(r, query_segments=jnp.zeros(5, int),
+                                       key_segments=jnp.zeros(6, int)), ValueError,
+                        r"query_segments must have shape \(\.\.\., Lq\) = \(\.\.\., 4\), "
+                        r"got Lq = 5"),
+    "segments-lead": (lambda r: _bad(r, query_segments=jnp.zeros(4, int),
+                                     key_segments=jnp.zeros((3, 6), int)), ValueError,
+                      r"key_segments's leading dims \(3,\) must broadcast to \(B, H\) = \(2, 2\)"),
+    "segments-float": (lambda r: _bad(r, query_segments=jnp.zeros(4),
+                                      key_segments=jnp.zeros(6, int)), TypeError,
+                       r"query_segments must have an integer dtype \(document ids\), got float"),
+    "mask-length": (lambda r: _bad(r, key_mask=jnp.ones(5, bool)), ValueError,
+                    r"key_mask must have shape \(\.\.\., Lk\) = \(\.\.\., 6\), got Lk = 5"),
+    "mask-3-leading-dims": (lambda r: _bad(r, key_mask=jnp.ones((1, 1, 1, 6), bool)),
+                            ValueError, r"key_mask must have shape .* with at most 2 leading "
+                            r"dims, got shape \(1, 1, 1, 6\)"),
+    "mask-int": (lambda r: _bad(r, key_mask=jnp.ones(6, jnp.int32)), TypeError,
+                 r"key_mask must be bool \(True: the key may be seen\), got int32"),
 }  # fmt: skip
 
 

@@ -72,6 +72,32 @@ def test_the_forced_kernel_equals_the_fold(jit_backend, case, rng):
     np.testing.assert_allclose(jit_backend.to_host(out), expected, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("case", ["transformer_xl", "deberta"])
+def test_segments_and_a_key_mask_on_the_forced_kernel(jit_backend, case, rng):
+    """Packed documents and key padding reach the kernel (no fold in between): equal to the
+    fold, and a masked key's NaN reaches no output."""
+    name = _kernel(jit_backend)
+    host = _inputs(rng, case)
+    lq, lk = CASES[case][:2]
+    host["k"][..., lk - 1, :] = np.nan  # an unfilled slot, masked
+    host["v"][..., lk - 1, :] = np.nan
+    arrays = {n: jit_backend.asarray(a, "float32") for n, a in host.items()}
+    documents = np.arange(lk) * 2 // lk
+    extra = {
+        "segment_ids": (jit_backend.asarray(documents[lk - lq :][None, None]),
+                        jit_backend.asarray(documents[None, None])),
+        "mask": jit_backend.asarray(np.arange(lk) < lk - 1),
+    }  # fmt: skip
+    expected = jit_backend.to_host(_call(arrays, case, block_size=(4, 4), **extra))
+    with relattn.config.override(path=name):
+        plan = relattn.explain(relattn.relative_attention, **arrays, causal=CASES[case][2],
+                               **extra)  # fmt: skip
+        out = jit_backend.to_host(_call(arrays, case, **extra))
+    assert plan.path == name
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+
+
 def _gradients(target: Target, arrays: dict, case: str, **options) -> dict:
     names = list(arrays)
     cotangent = np.random.default_rng(5).standard_normal((1, 2, CASES[case][0], 6))
@@ -134,7 +160,9 @@ def test_a_gpu_plan_takes_the_kernel_for_a_position_table(library, rng):
     mask = target.asarray(np.ones((9, 9), dtype=bool))
     masked = plan(**tables, mask=mask)
     assert masked.path != name
-    assert "mask or bias is not formed" in dict(masked.refused)[name]
+    assert "mask is not formed" in dict(masked.refused)[name]
+    padding = target.asarray(np.arange(9) < 7)
+    assert plan(**tables, mask=padding).path == name
     if library == "torch":
         assert plan(relative_bias=arrays["relative_bias"]).path == "flex"
     on_cpu = relattn.plan.choose(

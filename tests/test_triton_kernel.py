@@ -45,6 +45,7 @@ TERMS = {
     "all": ("key_table", "query_table", "relative_bias"),
 }
 NAMES = ("q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias")
+MASKS = ("query_segments", "key_segments", "key_mask")
 
 
 def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0):
@@ -66,12 +67,17 @@ def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0):
     return x
 
 
-def loop_reference(x, causal):
-    """``out[b, h, i]`` from the formula, one pair ``(i, j)`` at a time (NumPy float64)."""
+def loop_reference(x, causal, query_segments=None, key_segments=None, key_mask=None):
+    """``out[b, h, i]`` from the formula, one pair ``(i, j)`` at a time (NumPy float64);
+    segments and the key mask ``(..., L)`` broadcast to ``(B, H, L)``."""
     q, k, v = x["q"], x["k"], x["v"]
     batch, heads, lq, _ = q.shape
     lk = k.shape[2]
     lead = (batch, heads)
+    qs, ks_, km = (
+        None if a is None else np.broadcast_to(np.asarray(a), (*lead, n))
+        for a, n in ((query_segments, lq), (key_segments, lk), (key_mask, lk))
+    )
     kr, qr, b = (x.get(n) for n in ("key_table", "query_table", "relative_bias"))
     kr = None if kr is None else np.broadcast_to(kr, (*lead, *kr.shape[-2:]))
     qr = None if qr is None else np.broadcast_to(qr, (*lead, *qr.shape[-2:]))
@@ -81,6 +87,10 @@ def loop_reference(x, causal):
         keys, scores = [], []
         for j in range(lk):
             if causal and j - i - (lk - lq) > 0:
+                continue
+            if qs is not None and qs[n, h, i] != ks_[n, h, j]:
+                continue
+            if km is not None and not km[n, h, j]:
                 continue
             m = j - i + lq - 1
             s = q[n, h, i] @ k[n, h, j]
@@ -98,7 +108,7 @@ def loop_reference(x, causal):
     return out
 
 
-def dense_reference(t, causal):
+def dense_reference(t, causal, query_segments=None, key_segments=None, key_mask=None):
     """The same in float64 PyTorch, whole ``(Lq, Lk)`` scores, for autodiff."""
     q, k, v = t["q"], t["k"], t["v"]
     lq, lk = q.shape[2], k.shape[2]
@@ -121,6 +131,10 @@ def dense_reference(t, causal):
     visible = torch.ones(lq, lk, dtype=torch.bool)
     if causal:
         visible = m - (lk - 1) <= 0
+    if query_segments is not None:
+        visible = visible & (query_segments[..., :, None] == key_segments[..., None, :])
+    if key_mask is not None:
+        visible = visible & key_mask[..., None, :]
     seen = visible.any(-1, keepdim=True)
     # Rows without a visible key: softmax over all keys (finite), then zeroed.
     p = torch.softmax(s.masked_fill(~(visible | ~seen), -math.inf), -1) * seen
@@ -128,10 +142,12 @@ def dense_reference(t, causal):
 
 
 def run_kernel(t, causal, **kwargs):
+    """The kernel on the arrays of ``t`` (segments and key mask included, if there)."""
+    masks = {n: t[n] for n in MASKS if n in t}
     return relative_attention_kernel(
         t["q"], t["k"], t["v"], qp=t.get("qp"), key_table=t.get("key_table"), ks=t.get("ks"),
         query_table=t.get("query_table"), relative_bias=t.get("relative_bias"),
-        causal=causal, **kwargs,
+        causal=causal, **masks, **kwargs,
     )  # fmt: skip
 
 
@@ -139,13 +155,14 @@ def tensors(x, dtype):
     return {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in x.items()}
 
 
-def check_gradients(x, causal, dtype, tol):
+def check_gradients(x, causal, dtype, tol, masks=None):
     """Forward and every input's gradient of the kernel in ``dtype`` against the dense
-    float64 reference at the same (rounded) inputs."""
+    float64 reference at the same (rounded) inputs; ``masks``: segments and key mask."""
+    masks = masks or {}
     got = tensors(x, dtype)
     want = {n: a.detach().double().requires_grad_() for n, a in got.items()}
-    out = run_kernel(got, causal, block_q=16, block_k=16)
-    expected = dense_reference(want, causal)
+    out = run_kernel(got, causal, block_q=16, block_k=16, **masks)
+    expected = dense_reference(want, causal, **masks)
     assert out.dtype == dtype and out.shape == expected.shape
     grad = torch.randn(
         expected.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
@@ -298,6 +315,132 @@ def test_against_fold(causal):
         torch.testing.assert_close(g.double(), e, rtol=1e-5, atol=2e-5)
 
 
+def make_masks(lq, lk, which, *, batch=2):
+    """Packed documents (3 per row, batch 1's boundaries shifted; the queries are the last
+    ``Lq`` keys where ``Lq <= Lk``) and a key mask, as NumPy arrays ``(B, 1, L)``."""
+    keys = np.stack([np.arange(lk) * 3 // lk, np.minimum(2, (np.arange(lk) + 5) * 3 // lk)])
+    if lq <= lk:
+        queries = keys[:, lk - lq :]
+    else:
+        queries = np.stack([np.arange(lq) * 3 // lq] * batch)
+    keep = np.random.default_rng(7).random((batch, lk)) < 0.75
+    masks = {}
+    if which in ("segments", "both"):
+        masks["query_segments"], masks["key_segments"] = queries[:, None], keys[:, None]
+    if which in ("key_mask", "both"):
+        masks["key_mask"] = keep[:, None]
+    return masks
+
+
+@pytest.mark.parametrize(
+    ("case", "which"),
+    [
+        ("causal-square", "segments"),
+        ("zero-rows", "segments"),
+        ("short-queries", "key_mask"),
+        ("short-queries-causal-layout", "both"),
+        ("square", "both"),
+    ],
+)
+def test_segments_and_key_mask(case, which):
+    """Segments, a key mask or both, with causal and every term: the loop reference's
+    forward, the dense reference's gradients."""
+    lq, lk, causal, layout = CASES[case]
+    x = make_inputs(lq, lk, layout, TERMS["all"])
+    masks = make_masks(lq, lk, which)
+    t = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in masks.items()}
+    out = run_kernel(tensors(x, torch.float32), causal, block_q=16, block_k=16, **t)
+    np.testing.assert_allclose(
+        out.detach().double().numpy(), loop_reference(x, causal, **masks), rtol=1e-5, atol=1e-5
+    )
+    check_gradients(x, causal, torch.float32, 1e-5, t)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_keys_never_read(causal):
+    """NaN in the masked keys' k, v and ks rows (and, without causal, in the table rows
+    that only masked keys meet): output and every gradient finite and equal to the
+    reference's with finite values there; the masked rows' gradients are 0."""
+    lq, lk = 13, 29
+    x = make_inputs(lq, lk, "full", TERMS["all"])
+    keep = np.ones((2, 1, lk), dtype=bool)
+    keep[..., -3:] = False  # the last 3 keys: an unfilled cache
+    keep[0, 0, [4, 17]] = keep[1, 0, 20] = False
+    poisoned = dict(x)
+    for name in ("k", "v", "ks"):
+        poisoned[name] = np.where(keep[..., None], x[name], np.nan)
+    if not causal:  # the 3 largest distances meet the last 3 keys only
+        for name in ("key_table", "query_table", "relative_bias"):
+            poisoned[name] = x[name].copy()
+            poisoned[name][:, -3:] = np.inf if name == "relative_bias" else np.nan
+    mask = torch.from_numpy(keep)
+    got = tensors(poisoned, torch.float32)
+    want = {n: a.double().detach().requires_grad_() for n, a in tensors(x, torch.float32).items()}
+    out = run_kernel(got, causal, block_q=16, block_k=16, key_mask=mask)
+    expected = dense_reference(want, causal, key_mask=mask)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    grad = torch.randn(
+        expected.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
+    )
+    names = list(NAMES)
+    grads = torch.autograd.grad(out, [got[n] for n in names], grad.float())
+    expected_grads = torch.autograd.grad(expected, [want[n] for n in names], grad)
+    for name, g, e in zip(names, grads, expected_grads, strict=True):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(
+            g.double(), e, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )
+        if name in ("k", "v", "ks"):
+            assert not g[~mask.expand(2, 1, lk)].any(), name
+
+
+def test_rows_without_visible_keys():
+    """Batch 0's keys all masked, and in batch 1 a query mid-sequence whose document has no
+    key: those rows are exactly 0, their gradients 0, the rest as the reference."""
+    lq, lk = 20, 20
+    x = make_inputs(lq, lk, "full", TERMS["all"])
+    segments = np.zeros((2, 1, lq), dtype=np.int64)
+    segments[:, :, 12:] = 1
+    query_segments = segments.copy()
+    query_segments[1, 0, 9] = 7  # no key is in document 7
+    keep = np.ones((2, 1, lk), dtype=bool)
+    keep[0] = False
+    masks = {
+        "query_segments": torch.from_numpy(query_segments),
+        "key_segments": torch.from_numpy(segments),
+        "key_mask": torch.from_numpy(keep),
+    }
+    check_gradients(x, False, torch.float32, 1e-5, masks)
+    t = tensors(x, torch.float32)
+    out = run_kernel(t, False, block_q=16, block_k=16, **masks)
+    assert not out[0].any() and not out[1, 0, 9].any() and out[1, 0, 8].all()
+    out.backward(torch.ones_like(out))
+    for name in NAMES:
+        assert torch.isfinite(t[name].grad).all(), name
+    for name in ("q", "qp"):
+        assert not t[name].grad[0].any() and not t[name].grad[1, 0, 9].any(), name
+    for name in ("k", "v", "ks"):
+        assert not t[name].grad[0].any(), name
+
+
+def test_broadcast_segments_and_mask():
+    """Segments (Lq,) uint8 and (B, 1, Lk) int32 expanded over heads (stride 0), unsorted
+    ids; a key mask (1, H, Lk) sliced with stride 2: as the reference (float64)."""
+    lq, lk = 9, 30
+    x = make_inputs(lq, lk, "full", TERMS["all"], batch=2, heads=2)
+    rng = np.random.default_rng(11)
+    query_segments = torch.tensor(rng.integers(0, 2, lq), dtype=torch.uint8)
+    key_segments = torch.tensor(rng.integers(0, 2, (2, 1, lk)), dtype=torch.int32)
+    key_mask = torch.tensor(rng.random((1, 2, 2 * lk)) < 0.8)[..., ::2]
+    masks = {
+        "query_segments": query_segments,
+        "key_segments": key_segments.expand(2, 2, lk),
+        "key_mask": key_mask,
+    }
+    assert masks["key_segments"].stride()[1] == 0 and key_mask.stride()[-1] == 2
+    check_gradients(x, False, torch.float64, 1e-10, masks)
+
+
 def test_builds():
     """interpret=None runs the interpreter for CPU tensors whatever TRITON_INTERPRET says
     (each build sets it only while it decorates); the compiled build is Triton's JIT."""
@@ -316,20 +459,27 @@ def test_builds():
     reason="the ASTSource signature format of Triton >= 3.9, its NVIDIA backend, and "
     "triton.language imported without TRITON_INTERPRET=1",
 )
-@pytest.mark.parametrize(("arch", "dtype"), [(80, torch.bfloat16), (90, torch.float32)])
-def test_compiles_for_nvidia(arch, dtype, monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    ("arch", "dtype", "masks"), [(80, torch.bfloat16, True), (90, torch.float32, False)]
+)
+def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
     """The GPU build through Triton's whole NVIDIA pipeline (ptxas included), without a GPU:
-    every term, causal, tiles of 16, the launch's own constexprs and options."""
+    every term, causal, tiles of 16, the launch's own constexprs and options; with
+    segments and a key mask (the skipped tiles' branch) or without."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     t = {n: a.to(dtype) for n, a in valid_inputs().items()}
     config = _Config(causal=True, block_q=16, block_k=16, interpret=False)
+    segments = torch.zeros(2, 1, 7, dtype=torch.int64) if masks else None
+    key_mask = torch.ones(2, 1, 7, dtype=torch.bool) if masks else None
     _, meta = _inputs(
         t["q"], t["k"], t["v"], t["qp"], t["ks"], t["key_table"].expand(2, 1, 11, D),
-        t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11), config,
+        t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11),
+        None if segments is None else segments[:, :, :5], segments, key_mask, config,
     )  # fmt: skip
+    assert meta["HAS_SEG"] is masks and meta["HAS_MASK"] is masks
     options = {
         "num_stages": meta.pop("num_stages"),
         "enable_fp_fusion": meta.pop("enable_fp_fusion"),
@@ -340,6 +490,10 @@ def test_compiles_for_nvidia(arch, dtype, monkeypatch, tmp_path):
         for param in kernel.params:
             if param.is_constexpr:
                 signature[param.name] = "constexpr"
+            elif param.name in ("qseg_ptr", "kseg_ptr"):
+                signature[param.name] = "*i64"
+            elif param.name == "kmask_ptr":
+                signature[param.name] = "*u8"  # the bool mask read as bytes
             elif param.name.endswith("_ptr"):
                 # The log-sum-exp, D and the table gradients' buffers are float32.
                 own = param.name in ("lse_ptr", "delta_ptr", "dkr_ptr", "dqr_ptr", "db_ptr")
@@ -359,6 +513,10 @@ def valid_inputs(**changes):
 
 def zeros(*shape, dtype=torch.float32):
     return torch.zeros(shape, dtype=dtype)
+
+
+def ids(*shape):
+    return torch.zeros(shape, dtype=torch.int32)
 
 
 #: Replaced inputs, the error and the message it must match.
@@ -387,6 +545,41 @@ BAD = {
         TypeError, r"q must be float16, bfloat16, float32 or float64, got torch.int32",
     ),
     "not-a-tensor": ({"ks": np.zeros((2, 1, 7, D))}, TypeError, r"ks must be a torch.Tensor"),
+    "query-segments-alone": (
+        {"query_segments": ids(5)}, ValueError,
+        r"query_segments is given without key_segments: give both or neither",
+    ),
+    "key-segments-alone": (
+        {"key_segments": ids(7)}, ValueError, r"key_segments is given without query_segments",
+    ),
+    "segment-length": (
+        {"query_segments": ids(7), "key_segments": ids(7)}, ValueError,
+        r"query_segments must have shape \(\.\.\., Lq\) = \(\.\.\., 5\), .*got \(7,\)",
+    ),
+    "mask-length": (
+        {"key_mask": zeros(2, 1, 5, dtype=torch.bool)}, ValueError,
+        r"key_mask must have shape \(\.\.\., Lk\) = \(\.\.\., 7\)",
+    ),
+    "mask-dims": ({"key_mask": zeros(1, 2, 1, 7, dtype=torch.bool)}, ValueError, r"key_mask must"),
+    "segment-heads": (
+        {"query_segments": ids(3, 5), "key_segments": ids(7)}, ValueError,
+        r"query_segments's leading dims \(3,\) do not broadcast to \(B, H\) = \(2, 1\)",
+    ),
+    "float-segments": (
+        {"query_segments": zeros(5), "key_segments": zeros(7)}, TypeError,
+        r"query_segments must have an integer dtype \(document ids\), got torch.float32",
+    ),
+    "bool-segments": (
+        {"query_segments": ids(5), "key_segments": zeros(7, dtype=torch.bool)},
+        TypeError, r"key_segments must have an integer dtype",
+    ),
+    "integer-mask": (
+        {"key_mask": zeros(7, dtype=torch.int64)}, TypeError,
+        r"key_mask must be torch.bool \(True: the key is seen\), got torch.int64",
+    ),
+    "mask-not-a-tensor": (
+        {"key_mask": np.ones(7, dtype=bool)}, TypeError, r"key_mask must be a torch.Tensor"
+    ),
 }  # fmt: skip
 
 

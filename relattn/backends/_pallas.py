@@ -51,6 +51,9 @@ class _Inputs(NamedTuple):
     ks: Any  # (B, H, Lk', dp), with query_table
     query_table: Any  # (B or 1, H or 1, T, dp)
     relative_bias: Any  # (B or 1, H or 1, T)
+    query_segments: Any  # (B or 1, H or 1, Lq'), int32 or int64, with key_segments
+    key_segments: Any  # (B or 1, H or 1, Lk')
+    key_mask: Any  # (B or 1, H or 1, Lk'), int32: 1 where the key may be seen, 0 padded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +69,20 @@ class _Config:
     block_k: int
     causal: bool
     interpret: bool
-    has_key_table: bool
-    has_query_table: bool
-    has_bias: bool
+    #: Per :class:`_Inputs` field, whether it is given (its ref is in the kernels' operands).
+    present: tuple[bool, ...]
+
+    @property
+    def has_key_table(self) -> bool:
+        return self.present[_Inputs._fields.index("key_table")]
+
+    @property
+    def has_query_table(self) -> bool:
+        return self.present[_Inputs._fields.index("query_table")]
+
+    @property
+    def has_bias(self) -> bool:
+        return self.present[_Inputs._fields.index("relative_bias")]
 
     @property
     def block_t(self) -> int:
@@ -169,12 +183,27 @@ def _unshift_cols(ds: Any, win: int) -> Any:
 # ------------------------------------------------------------------------------------------
 # One tile pair's scores, shared by every kernel
 # ------------------------------------------------------------------------------------------
-class _Tables(NamedTuple):
-    """The per-``(b, h)`` table refs of a kernel, ``None`` where the term is absent."""
+class _Rows(NamedTuple):
+    """A query tile's values (``None`` where absent); the backward's also ``dO``, the
+    rows' logsumexp and ``D = rowsum(dO ⊙ O)``."""
 
-    key_table: Any
-    query_table: Any
-    relative_bias: Any
+    q: Any
+    qp: Any
+    segments: Any
+    do: Any = None
+    lse: Any = None
+    delta: Any = None
+
+
+class _Cols(NamedTuple):
+    """A key tile's values (``None`` where absent), the rows of ``k``, ``v`` and ``ks`` of
+    masked keys zeroed; ``keep``: the key mask as bools."""
+
+    k: Any
+    v: Any
+    ks: Any
+    segments: Any
+    keep: Any
 
 
 class _Windows(NamedTuple):
@@ -184,14 +213,55 @@ class _Windows(NamedTuple):
     query_table: Any
 
 
+def _at(ref: Any, index: Any = None) -> Any:
+    """Rows ``index`` (a ``pl.ds`` along the ref's first axis; ``None``: all of it) of
+    ``ref``, or ``None`` for an absent operand."""
+    if ref is None:
+        return None
+    if index is None:
+        return ref[...]
+    return ref[(index,) + (slice(None),) * (len(ref.shape) - 1)]
+
+
+def _rows(x: _Inputs, index: Any = None, stats: tuple[Any, ...] | None = None) -> _Rows:
+    """The query tile ``index`` of the operand refs ``x`` (and of the backward's ``stats``
+    refs ``dO``, logsumexp, ``D``)."""
+    rows = _Rows(_at(x.q, index), _at(x.qp, index), _at(x.query_segments, index))
+    if stats is None:
+        return rows
+    do, lse, delta = (_at(ref, index) for ref in stats)
+    return rows._replace(do=do, lse=lse, delta=delta)
+
+
+def _cols(x: _Inputs, index: Any = None) -> _Cols:
+    """The key tile ``index`` of the operand refs ``x``.
+
+    A masked key's ``k``, ``v`` and ``ks`` rows are zeroed here, before any product: its
+    scores are masked to ``-inf`` anyway, but ``0 · NaN`` in ``P v``, ``dS k`` or
+    ``dSᵀ…`` would carry an unfilled cache slot's NaN into the output or a gradient.
+    """
+    k, v, ks = _at(x.k, index), _at(x.v, index), _at(x.ks, index)
+    keep = None
+    if x.key_mask is not None:
+        keep = _at(x.key_mask, index) != 0
+        k, v = jnp.where(keep[:, None], k, 0), jnp.where(keep[:, None], v, 0)
+        if ks is not None:
+            ks = jnp.where(keep[:, None], ks, 0)
+    return _Cols(k, v, ks, _at(x.key_segments, index), keep)
+
+
 def _scores(
-    cfg: _Config, i0: Any, j0: Any, q: Any, k: Any, qp: Any, ks: Any, tables: _Tables
+    cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, x: _Inputs
 ) -> tuple[Any, _Windows]:
-    """The scores of queries ``i0 + [0, bm)`` against keys ``j0 + [0, bn)``, masked to ``-inf``.
+    """The scores of queries ``i0 + [0, bm)`` against keys ``j0 + [0, bn)``, ``-inf`` where
+    the pair is not visible.
 
     ``s[r, c] = q·k + qp·Kʳ[m] + ks·Qʳ[m] + b[m]`` with ``m = j - i + Lq - 1`` (Dai et al.
-    2019, eq. (3); He et al. 2021, eq. (2)-(4)), each term over the pair's table window.
+    2019, eq. (3); He et al. 2021, eq. (2)-(4)), each term over the pair's window of the
+    table refs in ``x``. Visible: a true key (``j < Lk``), with ``causal`` ``δ <= 0``, with
+    segments the query's document, with a key mask an unmasked key.
     """
+    q, qp, k, ks = rows.q, rows.qp, cols.k, cols.ks
     bm, bn = q.shape[0], k.shape[0]
     acc = _acc_dtype(q.dtype)
     win = _window(bm, bn)
@@ -200,22 +270,27 @@ def _scores(
     start = j0 - i0 - bm + cfg.lq_pad
     s = _dot(q, k, (1, 1), acc)
     key_window = query_window = None
-    if tables.key_table is not None:
-        key_window = tables.key_table[pl.ds(start, win), :]
+    if x.key_table is not None:
+        key_window = x.key_table[pl.ds(start, win), :]
         s += _shift_rows(_dot(qp, key_window, (1, 1), acc), bn)  # (bm, win) -> (bm, bn)
-    if tables.query_table is not None:
-        query_window = tables.query_table[pl.ds(start, win), :]
+    if x.query_table is not None:
+        query_window = x.query_table[pl.ds(start, win), :]
         s += _shift_cols(_dot(query_window, ks, (1, 1), acc), bm)  # (win, bn) -> (bm, bn)
-    if tables.relative_bias is not None:
-        values = tables.relative_bias[pl.ds(start, win)].astype(acc)
+    if x.relative_bias is not None:
+        values = x.relative_bias[pl.ds(start, win)].astype(acc)
         s += _shift_rows(jnp.broadcast_to(values[None, :], (bm, win)), bn)
-    rows = i0 + _iota((bm, bn), 0)
-    cols = j0 + _iota((bm, bn), 1)
+    i = i0 + _iota((bm, bn), 0)
+    j = j0 + _iota((bm, bn), 1)
     # Padded keys are masked; padded query rows are computed and sliced off by the wrapper
     # (their output gradient is zero, so they add nothing to any gradient).
-    visible = cols < cfg.lk
+    visible = j < cfg.lk
     if cfg.causal:
-        visible &= cols - rows <= cfg.lk - cfg.lq  # δ = j - i - (Lk - Lq) <= 0
+        visible &= j - i <= cfg.lk - cfg.lq  # δ = j - i - (Lk - Lq) <= 0
+    if rows.segments is not None:
+        visible &= rows.segments[:, None] == cols.segments[None, :]
+    if cols.keep is not None:
+        visible &= cols.keep[None, :]
+    # A select, not arithmetic: whatever a masked cell's score is, it is -inf.
     return jnp.where(visible, s, -jnp.inf), _Windows(key_window, query_window)
 
 
@@ -242,30 +317,16 @@ def _query_tiles_start(cfg: _Config, j0: Any, bm: int) -> Any:
     return _div(jnp.maximum(j0 - (cfg.lk - cfg.lq), 0), bm)
 
 
-def _split(cfg: _Config, refs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, Any, _Tables]:
-    """``q, k, v, qp, ks`` and the tables from a kernel's operand refs (present ones only,
-    in :class:`_Inputs` order)."""
-    q, k, v, *rest = refs
-    qp = key_table = ks = query_table = bias = None
-    if cfg.has_key_table:
-        qp, key_table, *rest = rest
-    if cfg.has_query_table:
-        ks, query_table, *rest = rest
-    if cfg.has_bias:
-        (bias,) = rest
-    return q, k, v, qp, ks, _Tables(key_table, query_table, bias)
+def _split(cfg: _Config, refs: Sequence[Any]) -> _Inputs:
+    """A kernel's operand refs (the present ones, in :class:`_Inputs` order) as
+    :class:`_Inputs`, ``None`` where absent."""
+    given = iter(refs)
+    return _Inputs(*(next(given) if present else None for present in cfg.present))
 
 
 def _zeros(present: bool, shape: tuple[int, ...], dtype: Any) -> Any:
     """An accumulator of zeros, or ``None`` (no carry) for an absent term."""
     return jnp.zeros(shape, dtype) if present else None
-
-
-def _load(ref: Any, index: Any = None) -> Any:
-    """``ref[index]`` (all of it by default), or ``None`` for an absent operand."""
-    if ref is None:
-        return None
-    return ref[...] if index is None else ref[index]
 
 
 # ------------------------------------------------------------------------------------------
@@ -275,32 +336,33 @@ def _forward_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     """Queries of one tile against every visible key tile: online softmax (FlashAttention-2,
     algorithm 1). Writes the output tile and each row's logsumexp (0 for a row that sees
     no key, whose output is 0)."""
-    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
+    x = _split(cfg, refs[:n_in])
     out_ref, lse_ref = refs[n_in:]
     bm, bn = cfg.block_q, cfg.block_k
     i0 = pl.program_id(1) * bm
-    q, qp = q_ref[...], _load(qp_ref)
-    acc = _acc_dtype(q.dtype)
+    rows = _rows(x)
+    acc = _acc_dtype(rows.q.dtype)
 
     def step(t: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
         out, m, norm = carry
-        keys = pl.ds(t * bn, bn)
-        k, v, ks = k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None)))
-        s, _ = _scores(cfg, i0, t * bn, q, k, qp, ks, tables)
+        cols = _cols(x, pl.ds(t * bn, bn))
+        s, _ = _scores(cfg, i0, t * bn, rows, cols, x)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # A row that has seen no key yet keeps m = -inf: subtract 0 there, not -inf.
         m_safe = jnp.where(m_new == -jnp.inf, 0, m_new)
         p = jnp.exp(s - m_safe[:, None])
         rescale = jnp.exp(m - m_safe)
-        out = out * rescale[:, None] + _dot(p.astype(v.dtype), v, (1, 0), acc)
+        out = out * rescale[:, None] + _dot(p.astype(cols.v.dtype), cols.v, (1, 0), acc)
         return out, m_new, norm * rescale + jnp.sum(p, axis=1)
 
     start = (
-        jnp.zeros((bm, v_ref.shape[-1]), acc),
+        jnp.zeros((bm, x.v.shape[-1]), acc),
         jnp.full((bm,), -jnp.inf, acc),
         jnp.zeros((bm,), acc),
     )
     out, m, norm = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
+    # A row with no visible key (causal above the diagonal, another document's keys, a
+    # masked key) has norm = 0: output 0 and logsumexp 0, never NaN.
     seen = norm > 0
     norm = jnp.where(seen, norm, 1)
     out_ref[...] = (out / norm[:, None]).astype(out_ref.dtype)
@@ -308,41 +370,38 @@ def _forward_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
 
 
 def _backward_tile(
-    cfg: _Config, i0: Any, j0: Any, rows: tuple[Any, ...], cols: tuple[Any, ...], tables: _Tables
+    cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, x: _Inputs
 ) -> tuple[Any, Any, _Windows]:
     """``P`` and ``dS = P ⊙ (dO vᵀ - D)`` of one tile pair (FlashAttention-2, algorithm 2)
-    and the pair's table windows. ``rows = (q, qp, dO, lse, D)``, ``cols = (k, v, ks)``."""
-    q, qp, do, lse, delta = rows
-    k, v, ks = cols
-    s, windows = _scores(cfg, i0, j0, q, k, qp, ks, tables)
-    p = jnp.exp(s - lse[:, None])  # 0 at masked cells (s = -inf), lse finite
-    ds = p * (_dot(do, v, (1, 1), p.dtype) - delta[:, None])
+    and the pair's table windows."""
+    s, windows = _scores(cfg, i0, j0, rows, cols, x)
+    p = jnp.exp(s - rows.lse[:, None])  # 0 at masked cells (s = -inf), lse finite
+    ds = p * (_dot(rows.do, cols.v, (1, 1), p.dtype) - rows.delta[:, None])
     return p, ds, windows
 
 
 def _dq_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     """``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]`` for one query tile."""
-    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
-    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    x = _split(cfg, refs[:n_in])
+    stats = refs[n_in : n_in + 3]
     dq_ref, *dqp_ref = refs[n_in + 3 :]
     bm, bn = cfg.block_q, cfg.block_k
     i0 = pl.program_id(1) * bm
-    rows = (q_ref[...], _load(qp_ref), do_ref[...], lse_ref[...], delta_ref[...])
-    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+    rows = _rows(x, None, stats)
+    dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
     win = _window(bm, bn)
 
     def step(t: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
         dq, dqp = carry
-        keys = pl.ds(t * bn, bn)
-        cols = (k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None))))
-        _, ds, windows = _backward_tile(cfg, i0, t * bn, rows, cols, tables)
-        dq += _dot(ds.astype(dtype), cols[0], (1, 0), acc)
+        cols = _cols(x, pl.ds(t * bn, bn))
+        _, ds, windows = _backward_tile(cfg, i0, t * bn, rows, cols, x)
+        dq += _dot(ds.astype(dtype), cols.k, (1, 0), acc)
         if cfg.has_key_table:
             # dS back in the window layout, then against the window: Σ_j dS_ij Kʳ[m(i, j)].
             dqp += _dot(_unshift_rows(ds, win).astype(dtype), windows.key_table, (1, 0), acc)
         return dq, dqp
 
-    start = (_zeros(True, q_ref.shape, acc), _zeros(cfg.has_key_table, q_ref.shape, acc))
+    start = (_zeros(True, x.q.shape, acc), _zeros(cfg.has_key_table, x.q.shape, acc))
     dq, dqp = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
     dq_ref[...] = dq.astype(dtype)
     if dqp_ref:
@@ -351,33 +410,29 @@ def _dq_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
 
 def _dkv_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     """``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]`` for one key tile."""
-    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
-    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    x = _split(cfg, refs[:n_in])
+    stats = refs[n_in : n_in + 3]
     dk_ref, dv_ref, *dks_ref = refs[n_in + 3 :]
     bm, bn = cfg.block_q, cfg.block_k
     j0 = pl.program_id(1) * bn
-    cols = (k_ref[...], v_ref[...], _load(ks_ref))
-    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+    cols = _cols(x)
+    dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
     win = _window(bm, bn)
 
     def step(t: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
         dk, dv, dks = carry
-        queries = pl.ds(t * bm, bm)
-        rows = (
-            q_ref[queries, :], _load(qp_ref, (queries, slice(None))), do_ref[queries, :],
-            lse_ref[queries], delta_ref[queries],
-        )  # fmt: skip
-        p, ds, windows = _backward_tile(cfg, t * bm, j0, rows, cols, tables)
-        dk += _dot(ds.astype(dtype), rows[0], (0, 0), acc)
-        dv += _dot(p.astype(dtype), rows[2], (0, 0), acc)
+        rows = _rows(x, pl.ds(t * bm, bm), stats)
+        p, ds, windows = _backward_tile(cfg, t * bm, j0, rows, cols, x)
+        dk += _dot(ds.astype(dtype), rows.q, (0, 0), acc)
+        dv += _dot(p.astype(dtype), rows.do, (0, 0), acc)
         if cfg.has_query_table:
             # dS in the window layout of the key side: Σ_i dS_ij Qʳ[m(i, j)].
             dks += _dot(_unshift_cols(ds, win).astype(dtype), windows.query_table, (0, 0), acc)
         return dk, dv, dks
 
     start = (
-        _zeros(True, k_ref.shape, acc), _zeros(True, v_ref.shape, acc),
-        _zeros(cfg.has_query_table, k_ref.shape, acc),
+        _zeros(True, x.k.shape, acc), _zeros(True, x.v.shape, acc),
+        _zeros(cfg.has_query_table, x.k.shape, acc),
     )  # fmt: skip
     first = _query_tiles_start(cfg, j0, bm)
     dk, dv, dks = lax.fori_loop(first, cfg.lq_pad // bm, step, start)
@@ -395,8 +450,8 @@ def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     2·bt)``, so the diagonal accumulates one window of ``dKʳ[m] = Σ dS_ij qp_i``,
     ``dQʳ[m] = Σ dS_ij ks_j`` and ``db[m] = Σ dS_ij`` over ``m(i, j) = m``.
     """
-    q_ref, k_ref, v_ref, qp_ref, ks_ref, tables = _split(cfg, refs[:n_in])
-    do_ref, lse_ref, delta_ref = refs[n_in : n_in + 3]
+    x = _split(cfg, refs[:n_in])
+    stats = refs[n_in : n_in + 3]
     outs = refs[n_in + 3 :]
     bt = cfg.block_t
     win = 2 * bt  # _window(bt, bt): 2·bt - 1 distances, padded to a power of two
@@ -408,28 +463,24 @@ def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
         # The whole diagonal is masked when its smallest key exceeds its largest query's
         # last visible key: j0 > i0 + bt - 1 + Lk - Lq with j0 - i0 = offset·bt.
         end = jnp.where(offset * bt > bt - 1 + cfg.lk - cfg.lq, first, end)
-    dtype, acc = q_ref.dtype, _acc_dtype(q_ref.dtype)
+    dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
 
     def step(i: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
         dkt, dqt, db = carry
-        queries, keys = pl.ds(i * bt, bt), pl.ds((i + offset) * bt, bt)
-        rows = (
-            q_ref[queries, :], _load(qp_ref, (queries, slice(None))), do_ref[queries, :],
-            lse_ref[queries], delta_ref[queries],
-        )  # fmt: skip
-        cols = (k_ref[keys, :], v_ref[keys, :], _load(ks_ref, (keys, slice(None))))
-        _, ds, _ = _backward_tile(cfg, i * bt, (i + offset) * bt, rows, cols, tables)
+        rows = _rows(x, pl.ds(i * bt, bt), stats)
+        cols = _cols(x, pl.ds((i + offset) * bt, bt))
+        _, ds, _ = _backward_tile(cfg, i * bt, (i + offset) * bt, rows, cols, x)
         if cfg.has_key_table or cfg.has_bias:
             ds_rows = _unshift_rows(ds, win)  # (bt, win): each query's distances
             if cfg.has_key_table:
-                dkt += _dot(ds_rows.astype(dtype), rows[1], (0, 0), acc)
+                dkt += _dot(ds_rows.astype(dtype), rows.qp, (0, 0), acc)
             if cfg.has_bias:
                 db += jnp.sum(ds_rows, axis=0)
         if cfg.has_query_table:
-            dqt += _dot(_unshift_cols(ds, win).astype(dtype), cols[2], (1, 0), acc)
+            dqt += _dot(_unshift_cols(ds, win).astype(dtype), cols.ks, (1, 0), acc)
         return dkt, dqt, db
 
-    window = (win, q_ref.shape[-1])
+    window = (win, x.q.shape[-1])
     start = (
         _zeros(cfg.has_key_table, window, acc), _zeros(cfg.has_query_table, window, acc),
         _zeros(cfg.has_bias, (win,), acc),
@@ -460,8 +511,8 @@ def _block(cfg: _Config, x: Any, rows: int | None = None) -> pl.BlockSpec:
 
 
 #: The :class:`_Inputs` fields along the queries' and along the keys' axis.
-QUERY_SIDE = ("q", "qp")
-KEY_SIDE = ("k", "v", "ks")
+QUERY_SIDE = ("q", "qp", "query_segments")
+KEY_SIDE = ("k", "v", "ks", "key_segments", "key_mask")
 
 
 def _tiled(x: _Inputs, query_rows: int | None, key_rows: int | None) -> list[Any]:
@@ -550,6 +601,7 @@ def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Input
         dqp[0] if dqp else None, next(rest) if cfg.has_key_table else None,
         dks[0] if dks else None, next(rest) if cfg.has_query_table else None,
         next(rest) if cfg.has_bias else None,
+        None, None, None,  # the segment ids and the key mask: integers, no cotangent
     )  # fmt: skip
 
 
@@ -609,11 +661,9 @@ def _shape_error(name: str, expected: str, given: Any) -> ValueError:
     return ValueError(f"{name} must have shape {expected}, got shape {tuple(given.shape)}")
 
 
-def _check_table(
-    name: str, x: Any, trailing: int, batch: int, heads: int, widths: tuple[int, ...], d: int
-) -> Any:
-    """``x`` with its leading dims made ``(B or 1, H or 1)``, after the checks."""
-    expected = "(..., W, d)" if trailing == 2 else "(..., W)"
+def _leading(name: str, x: Any, trailing: int, expected: str, batch: int, heads: int) -> Any:
+    """``x``'s leading dims, at most two broadcasting to ``(B, H)``, made ``(B or 1, H or
+    1)`` (one leading dim is the heads')."""
     if not trailing <= x.ndim <= trailing + 2:
         raise _shape_error(name, f"{expected} with at most 2 leading dims", x)
     lead = (1,) * (trailing + 2 - x.ndim) + tuple(x.shape[: x.ndim - trailing])
@@ -622,6 +672,15 @@ def _check_table(
             f"{name}'s leading dims {tuple(x.shape[: x.ndim - trailing])} must broadcast to "
             f"(B, H) = ({batch}, {heads})"
         )
+    return x.reshape(*lead, *x.shape[x.ndim - trailing :])
+
+
+def _check_table(
+    name: str, x: Any, trailing: int, batch: int, heads: int, widths: tuple[int, ...], d: int
+) -> Any:
+    """``x`` with its leading dims made ``(B or 1, H or 1)``, after the checks."""
+    expected = "(..., W, d)" if trailing == 2 else "(..., W)"
+    x = _leading(name, x, trailing, expected, batch, heads)
     width = x.shape[x.ndim - trailing]
     if width not in widths:
         layouts = f"W = Lq + Lk - 1 = {widths[0]} (full layout)"
@@ -630,7 +689,41 @@ def _check_table(
         raise ValueError(f"{name} must have width {layouts}, got W = {width}")
     if trailing == 2 and x.shape[-1] != d:
         raise ValueError(f"{name} must have d = {d} features (q's), got {x.shape[-1]}")
-    return x.reshape(*lead, *x.shape[x.ndim - trailing :])
+    return x
+
+
+def _check_per_row(
+    name: str, x: Any, axis: str, length: int, batch: int, heads: int, kind: str
+) -> Any:
+    """A per-query or per-key array ``(..., L)`` (``kind``: ``"integer"`` segment ids or a
+    ``"bool"`` mask), its leading dims made ``(B or 1, H or 1)``, after the checks."""
+    x = jnp.asarray(x)
+    if kind == "bool" and x.dtype != jnp.bool_:
+        raise TypeError(f"{name} must be bool (True: the key may be seen), got {x.dtype}")
+    if kind == "integer" and not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must have an integer dtype (document ids), got {x.dtype}")
+    expected = f"(..., {axis}) = (..., {length})"
+    x = _leading(name, x, 1, expected, batch, heads)
+    if x.shape[-1] != length:
+        raise ValueError(f"{name} must have shape {expected}, got {axis} = {x.shape[-1]}")
+    return x
+
+
+def _segment_ids(query_segments: Any, key_segments: Any) -> tuple[Any, Any]:
+    """The two segment-id arrays in one signed dtype (int32, or int64 for 8-byte ids),
+    equal exactly where the given ids are: a cast within one width only wraps, which keeps
+    equality; two dtypes are first promoted, keeping values."""
+    a, b = query_segments, key_segments
+    if a.dtype != b.dtype:
+        common = jax.dtypes.canonicalize_dtype(jnp.promote_types(a.dtype, b.dtype))
+        if not jnp.issubdtype(common, jnp.integer):  # uint64 with a signed dtype
+            raise TypeError(
+                f"query_segments ({a.dtype}) and key_segments ({b.dtype}) must promote to an "
+                f"integer dtype, got {common}"
+            )
+        a, b = a.astype(common), b.astype(common)
+    signed = jnp.int64 if a.dtype.itemsize == 8 else jnp.int32
+    return a.astype(signed), b.astype(signed)
 
 
 def _check_block(name: str, block: Any, length: int, minimum: int) -> int:
@@ -664,6 +757,9 @@ def relative_attention_kernel(
     ks: Any = None,
     query_table: Any = None,
     relative_bias: Any = None,
+    query_segments: Any = None,
+    key_segments: Any = None,
+    key_mask: Any = None,
     causal: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -692,6 +788,14 @@ def relative_attention_kernel(
         ``Qʳ`` (DeBERTa's position-to-content table): adds ``ks_j · Qʳ[m(i, j)]``.
     relative_bias : jax.Array of shape (..., W), optional
         One value per distance (ALiBi, T5): adds ``b[m(i, j)]``.
+    query_segments, key_segments : jax.Array of shape (..., Lq) and (..., Lk), optional
+        Document ids of any integer dtype (packed documents): query ``i`` sees key ``j``
+        only where ``query_segments[i] == key_segments[j]``. Both or neither; up to two
+        leading dims, broadcasting to ``(B, H)`` (one is the heads').
+    key_mask : jax.Array of shape (..., Lk), bool, optional
+        ``True`` where the key may be seen (key padding, a cache's unfilled slots); leading
+        dims as for the segments. A masked key's ``k``, ``v`` and ``ks`` rows never reach
+        the output or a gradient, even where they are NaN or infinite.
     causal : bool, optional
         Mask keys with ``δ = j - i - (Lk - Lq) > 0``.
     block_q, block_k : int, optional
@@ -706,8 +810,10 @@ def relative_attention_kernel(
     -------
     jax.Array of shape (B, H, Lq, d_v), dtype of ``q``
         ``softmax_j(s_ij) v`` over the visible keys, ``s_ij = q_i·k_j + qp_i·Kʳ[m] +
-        ks_j·Qʳ[m] + b[m]`` (each term where given). A query that sees no key (``causal``
-        with ``Lq > Lk``: the first ``Lq - Lk``) gives a zero row, with zero gradients.
+        ks_j·Qʳ[m] + b[m]`` (each term where given); key ``j`` is visible to query ``i``
+        where the causal rule, the segments and the key mask all allow it. A query that
+        sees no key (``causal`` with ``Lq > Lk``: the first ``Lq - Lk``; a document whose
+        keys are all masked) gives a zero row, with zero gradients.
 
     Raises
     ------
@@ -717,11 +823,14 @@ def relative_attention_kernel(
         without ``key_table`` or ``ks`` without ``query_table`` (or the other way
         round), a table's or ``relative_bias``'s width is neither ``Lq + Lk - 1`` nor,
         with ``causal``, ``Lk``, its leading dims do not broadcast to ``(B, H)``, its
-        feature size differs from ``d``, or a tile size is not a power of two at least
-        its minimum.
+        feature size differs from ``d``, only one of ``query_segments`` and
+        ``key_segments`` is given, the segments or ``key_mask`` do not end in ``Lq``
+        (``Lk``) or their leading dims do not broadcast to ``(B, H)``, or a tile size is
+        not a power of two at least its minimum.
     TypeError
         If the arrays' dtypes differ or are not float16, bfloat16, float32 or float64,
-        ``causal`` or ``interpret`` is not a bool, or a tile size is not an int.
+        the segments are not integers or ``key_mask`` not bool, ``causal`` or
+        ``interpret`` is not a bool, or a tile size is not an int.
 
     Notes
     -----
@@ -739,7 +848,10 @@ def relative_attention_kernel(
     diagonal (where all pairs share a window) and overlap-added, deterministically.
     Accumulation is in float32 (float64 for float64 inputs). Sequence axes are padded
     to whole tiles (the padded keys masked) and ``d``, ``d_v`` with zeros to powers of
-    two, at least 16.
+    two, at least 16. Segments and the key mask are per-cell selects of the scores to
+    ``-inf``; the masked keys' rows of ``k``, ``v``, ``ks`` are zeroed in each tile before
+    its products (``0 · NaN`` is NaN). Every key tile is still visited (no tile skipping
+    by segment ranges).
 
     The compiled (GPU) kernels are unverified: jax 0.10.2's Pallas Triton lowering has
     no rule for the gather of the in-tile shift.
@@ -789,6 +901,22 @@ def relative_attention_kernel(
         for name, trailing in (("key_table", 2), ("query_table", 2), ("relative_bias", 1))
         if name in given
     }
+    if (query_segments is None) != (key_segments is None):
+        have, lack = (
+            ("query_segments", "key_segments")
+            if key_segments is None
+            else ("key_segments", "query_segments")
+        )
+        raise ValueError(f"{have} needs {lack}: give both or neither")
+    if query_segments is not None:
+        query_segments, key_segments = _segment_ids(
+            _check_per_row("query_segments", query_segments, "Lq", lq, batch, heads, "integer"),
+            _check_per_row("key_segments", key_segments, "Lk", lk, batch, heads, "integer"),
+        )
+    if key_mask is not None:
+        # int32 in the kernels (Triton's loads of bools are bytes); padded keys get 0.
+        key_mask = _check_per_row("key_mask", key_mask, "Lk", lk, batch, heads, "bool")
+        key_mask = key_mask.astype(jnp.int32)
     minimum = MIN_TILE if interpret else MIN_TILE_COMPILED
     bm = _check_block("block_q", block_q, lq, minimum)
     bn = _check_block("block_k", block_k, lk, minimum)
@@ -813,10 +941,11 @@ def relative_attention_kernel(
         _pad(v, (0, lk_pad - lk), dvp), _pad(given.get("qp"), (0, lq_pad - lq), dp),
         table_rows("key_table"), _pad(given.get("ks"), (0, lk_pad - lk), dp),
         table_rows("query_table"), table_rows("relative_bias"),
+        _pad(query_segments, (0, lq_pad - lq), None), _pad(key_segments, (0, lk_pad - lk), None),
+        _pad(key_mask, (0, lk_pad - lk), None),
     )  # fmt: skip
     cfg = _Config(
         heads=heads, lq=lq, lk=lk, lq_pad=lq_pad, lk_pad=lk_pad, block_q=bm, block_k=bn,
-        causal=causal, interpret=interpret, has_key_table=x.key_table is not None,
-        has_query_table=x.query_table is not None, has_bias=x.relative_bias is not None,
+        causal=causal, interpret=interpret, present=tuple(a is not None for a in x),
     )  # fmt: skip
     return _fused(cfg, x)[:, :, :lq, :dv]

@@ -7,12 +7,15 @@ SPEC §2.13, as one GPU kernel), which no library kernel forms. A plan takes one
 for a problem with such a term and nothing the kernels lack (a value table, an
 ``(Lq, Lk)`` mask or bias, positions as data, segments, the caller's functions); on a
 CPU only when ``relattn.config.path`` forces it, where it runs in the library's
-interpreter (slow: for tests). Both share the refusals and the ``(B, H)`` layout here.
+interpreter (slow: for tests). Both take segment ids and a key mask (``(Lk,)`` or
+``(..., 1, Lk)``) besides the causal mask, and share the refusals and the ``(B, H)``
+layout here.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import sys
 from collections.abc import Callable
@@ -26,6 +29,8 @@ __all__ = ["PALLAS", "TRITON", "refusal"]
 MAX_HEAD_DIM = 256
 #: The input dtypes the kernels take (float32 accumulation).
 DTYPES = ("float16", "bfloat16", "float32")
+#: Triton is installed (looked up once: a plan under torch.compile must not import).
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -47,13 +52,18 @@ def refusal(p: Any, library: str) -> str | None:
         return "no per-distance term (Kʳ, Qʳ or b): the library's kernels compute the rest"
     if p.value_table is not None:
         return f"a value table (Shaw) adds P·Vʳ to the output, which {kernel} does not form"
-    if p.programmable:
+    if p.query_positions is not None or p.score_mod is not None or p.mask_mod is not None:
         return (
-            f"positions as data, segments, score_mod and mask_mod run in the block fold;"
+            f"positions as data, score_mod and mask_mod run in the block fold;"
             f" {kernel} takes the contiguous positions"
         )
-    if p.mask is not None or p.bias is not None:
-        return f"an (Lq, Lk) mask or bias is not formed in {kernel}'s tiles"
+    if p.bias is not None:
+        return f"an (Lq, Lk) bias is not formed in {kernel}'s tiles"
+    if p.mask is not None and not _is_key_mask(p.mask):
+        return (
+            f"an (Lq, Lk) mask is not formed in {kernel}'s tiles (a key mask, (..., 1, Lk)"
+            " or (Lk,), is)"
+        )
     d, d_v = p.q.shape[-1], p.v.shape[-1]
     if 0 in (p.lq, p.lk, d, d_v, *p.lead):
         return "an empty axis (Lq, Lk, d, d_v or a leading dim is 0)"
@@ -71,6 +81,10 @@ def refusal(p: Any, library: str) -> str | None:
             return "the inputs are on more than one device"
         if p.q.device.type not in ("cpu", "cuda"):
             return f"{kernel} runs on CUDA devices, not {p.q.device.type}"
+        if not _HAS_TRITON:
+            return "triton is not installed (pip install triton)"
+        if sys.modules["torch"].compiler.is_compiling():
+            return f"under torch.compile, which traces no call into {kernel}'s launcher"
     else:
         platforms = {device.platform for a in arrays for device in _devices(a)}
         if not platforms <= {"cpu", "gpu", "cuda", "rocm"}:
@@ -80,12 +94,19 @@ def refusal(p: Any, library: str) -> str | None:
                 f"{kernel}'s in-tile relative shift is a gather, for which this JAX's Pallas"
                 " GPU (Triton) lowering has no rule; it runs in the interpreter only"
             )
-    source = "triton" if library == "torch" else "jax.experimental.pallas"
-    try:
-        importlib.import_module(source)
-    except ImportError as e:
-        return f"{source} does not import ({e}); pip install {source.split('.')[0]}"
     return None
+
+
+def _is_key_mask(mask: Any) -> bool:
+    """A mask that is the same for every query: ``(Lk,)`` or ``(..., 1, Lk)``."""
+    return mask.ndim == 1 or mask.shape[-2] == 1
+
+
+def _key_mask(mask: Any, xp: Any) -> Any:
+    """A key mask ``(..., 1, Lk)`` or ``(Lk,)`` without its query axis: ``(..., Lk)``."""
+    if mask is None or mask.ndim == 1:
+        return mask
+    return xp.reshape(mask, (*mask.shape[:-2], mask.shape[-1]))
 
 
 def _pallas_gathers() -> bool:
@@ -144,7 +165,10 @@ def _prepare(module: str) -> Callable[[Any], Callable[[Any], Any]]:
             out = kernel(
                 q, k, v, qp=qp, key_table=_four(p.key_table, lead, 2, xp), ks=ks,
                 query_table=_four(p.query_table, lead, 2, xp),
-                relative_bias=_four(p.relative_bias, lead, 1, xp), causal=bool(p.causal),
+                relative_bias=_four(p.relative_bias, lead, 1, xp),
+                query_segments=_four(p.query_segments, lead, 1, xp),
+                key_segments=_four(p.key_segments, lead, 1, xp),
+                key_mask=_four(_key_mask(p.mask, xp), lead, 1, xp), causal=bool(p.causal),
             )  # fmt: skip
             return xp.reshape(out, (*lead, p.lq, p.v.shape[-1]))
 

@@ -10,7 +10,9 @@ appendix B on a tile), so no ``(Lq, Lk, d)`` or ``(Lq, W)`` array exists in
 memory. The backward pass recomputes the probabilities per tile from the saved
 log-sum-exp (FlashAttention-2): one kernel per query tile (``dq``, ``dqp``),
 one per key tile (``dk``, ``dv``, ``dks``) and one per tile diagonal for the
-tables' and the bias's gradients.
+tables' and the bias's gradients. Document ids (packed sequences) and a key mask
+(padding, a cache's unfilled slots) hide pairs as the causal rule does; the masked
+keys' rows are never loaded, and tile pairs without a visible pair are skipped.
 
 The kernels are defined once, as plain functions, and jitted twice by
 :func:`_kernels`: compiled for GPU tensors and interpreted (``TRITON_INTERPRET``,
@@ -61,6 +63,58 @@ def _tile(ptr, start, n, stride_row, stride_col, cols, ROWS: tl.constexpr, COLS:
     return tl.load(ptr + r * stride_row + c * stride_col, mask=inside, other=0.0)
 
 
+def _key_tile(
+    ptr, start, n, stride_row, stride_col, cols, keep,
+    HAS_MASK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+):  # fmt: skip
+    """:func:`_tile` of key rows, zero where ``keep`` (the ``(ROWS,)`` key mask) is False:
+    a masked key's values (an unfilled cache slot, NaN perhaps) are never read, so no
+    ``0 · NaN`` of a product reaches the output or a gradient."""
+    r = start + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, COLS)[None, :]
+    inside = (r >= 0) & (r < n) & (c < cols)
+    if HAS_MASK:
+        inside = inside & keep[:, None]
+    return tl.load(ptr + r * stride_row + c * stride_col, mask=inside, other=0.0)
+
+
+def _segments(ptr, start, n, stride, N: tl.constexpr):
+    """Entries ``start … start + N - 1`` of a length-``n`` integer vector, as int64."""
+    at = start + tl.arange(0, N)
+    return tl.load(ptr + at * stride, mask=at < n, other=0).to(tl.int64)
+
+
+def _keep(ptr, start, n, stride, N: tl.constexpr):
+    """Entries ``start …`` of the key mask (uint8, nonzero = visible); False outside."""
+    at = start + tl.arange(0, N)
+    return tl.load(ptr + at * stride, mask=at < n, other=0) != 0
+
+
+def _visible(
+    i0, j0, LQ, LK, q_seg, k_seg, keep,
+    CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """``(BM, BN)``: whether query ``i0 + r`` sees key ``j0 + c`` (inside both lengths, the
+    causal rule, the same segment, the key not masked)."""
+    i = i0 + tl.arange(0, BM)[:, None]
+    j = j0 + tl.arange(0, BN)[None, :]
+    visible = (i < LQ) & (j < LK)
+    if CAUSAL:
+        visible = visible & (j - i <= LK - LQ)
+    if HAS_SEG:
+        visible = visible & (q_seg[:, None] == k_seg[None, :])
+    if HAS_MASK:
+        visible = visible & keep[None, :]
+    return visible
+
+
+def _any(visible):
+    """Whether any pair of the tile is visible (a scalar)."""
+    seen = tl.reduce(visible.to(tl.int32), 1, tl.standard._elementwise_max)
+    return tl.reduce(seen, 0, tl.standard._elementwise_max) > 0
+
+
 def _store(ptr, value, start, n, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Store ``value`` as rows ``start …`` of a contiguous ``(n, cols)`` matrix."""
     r = start + tl.arange(0, ROWS)[:, None]
@@ -77,12 +131,13 @@ def _first_column(i0, j0, LQ, BM: tl.constexpr):
 
 def _scores(
     q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-    i0, j0, LQ, LK, LIMIT, D,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
+    i0, j0, LQ, LIMIT, D, visible,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The ``(BM, BN)`` scores of a tile pair, ``-inf`` where the key is not visible."""
+    """The ``(BM, BN)`` scores of a tile pair, ``-inf`` where the key is not ``visible``
+    (selected, so a NaN or inf of a hidden cell's table row goes nowhere)."""
     r = tl.arange(0, BM)[:, None]
     c = tl.arange(0, BN)[None, :]
     # Cell (r, c) has m = m0 + (c - r + BM - 1): row c - r + BM - 1 (0 … BM + BN - 2) of
@@ -101,11 +156,6 @@ def _scores(
     if HAS_B:
         m = m0 + at
         s += tl.load(b_ptr + m * b_sw, mask=(m >= 0) & (m < LIMIT), other=0.0).to(s.dtype)
-    i = i0 + r
-    j = j0 + c
-    visible = (i < LQ) & (j < LK)
-    if CAUSAL:
-        visible = visible & (j - i <= LK - LQ)
     return tl.where(visible, s, float("-inf"))
 
 
@@ -132,21 +182,32 @@ def _window_cols(ds, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
     return tl.where(inside, tl.gather(ds, tl.where(inside, r, 0), 0), 0.0)
 
 
+def _reached(window, visible, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
+    """``window`` (a ``(WIN, DP)`` table window) with the rows that no visible pair of the
+    tile reads set to 0: with segments or a key mask, some table rows (distances) are met
+    by hidden pairs only, and their values must not reach ``dS_rel @ window`` as ``0·NaN``."""
+    seen = _window_rows(visible.to(tl.float32), BM, BN, WIN)
+    seen = tl.reduce(seen, 0, tl.standard._elementwise_max)
+    return tl.where(seen[:, None] > 0, window, 0.0)
+
+
 # -------------------------------------------------------------------------------------------
 # Kernels. All take the inputs, their strides and the sizes in one order (see _inputs):
 # absent inputs are q itself (never read: their HAS_* flag is off). Outputs, dO, the
 # log-sum-exp and D are contiguous buffers of this module's own.
 # -------------------------------------------------------------------------------------------
 def _forward(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
     H, LQ, LK, LIMIT, D, DV,
     o_ptr, lse_ptr,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
-    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
-    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One query tile: stream the key tiles with an online softmax."""
     bh = tl.program_id(1).to(tl.int64)
@@ -157,10 +218,15 @@ def _forward(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
+    kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
     q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
     qp = q
     if HAS_KR:
         qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
+    q_seg = i0  # a stand-in, never read without HAS_SEG (as k_seg, keep below)
+    if HAS_SEG:
+        q_seg = _segments(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
     m_i = tl.full((BM,), float("-inf"), ACC)
     l_i = tl.full((BM,), 0.0, ACC)
     acc = tl.full((BM, DVP), 0.0, ACC)
@@ -168,25 +234,38 @@ def _forward(
     if CAUSAL:
         stop = tl.minimum(LK, i0 + BM + LK - LQ)  # later key tiles are wholly masked
     for j0 in range(0, stop, BN):
-        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
-        ks = k
-        if HAS_QR:
-            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
-        s = _scores(
-            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
-            PRECISION,
+        k_seg = j0
+        if HAS_SEG:
+            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+        keep = j0
+        if HAS_MASK:
+            keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
+        visible = _visible(
+            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
         )  # fmt: skip
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-        # A row with no visible key so far keeps m = -inf: subtract 0 there, so that
-        # exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
-        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        live = True
+        if HAS_SEG or HAS_MASK:
+            live = _any(visible)  # skip a tile without a visible pair (other documents)
+        if live:
+            k = _key_tile(k_ptr, j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
+            ks = k
+            if HAS_QR:
+                ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
+            s = _scores(
+                q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
+                PRECISION,
+            )  # fmt: skip
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            # A row with no visible key so far keeps m = -inf: subtract 0 there, so that
+            # exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
     # A row without a visible key has l = 0: output 0 and log-sum-exp 0 (its scores are all
     # -inf, so the backward's P = exp(s - 0) = 0).
     l_i = tl.where(l_i > 0, l_i, 1.0)
@@ -198,15 +277,17 @@ def _forward(
 
 
 def _backward_rows(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
     H, LQ, LK, LIMIT, D, DV,
     do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
-    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
-    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One query tile: ``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]``."""
     bh = tl.program_id(1).to(tl.int64)
@@ -217,10 +298,15 @@ def _backward_rows(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
+    kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
     q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
     qp = q
     if HAS_KR:
         qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
+    q_seg = i0
+    if HAS_SEG:
+        q_seg = _segments(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
     do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
     rows = i0 + tl.arange(0, BM)
     lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
@@ -231,37 +317,55 @@ def _backward_rows(
     if CAUSAL:
         stop = tl.minimum(LK, i0 + BM + LK - LQ)
     for j0 in range(0, stop, BN):
-        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
-        ks = k
-        if HAS_QR:
-            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
-        s = _scores(
-            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
-            PRECISION,
+        k_seg = j0
+        if HAS_SEG:
+            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+        keep = j0
+        if HAS_MASK:
+            keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
+        visible = _visible(
+            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
         )  # fmt: skip
-        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
-        _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        if HAS_KR:
-            window = _tile(kr_ptr, _first_column(i0, j0, LQ, BM), LIMIT, kr_sw, kr_sd, D, WIN, DP)
-            ds_rows = _window_rows(ds, BM, BN, WIN).to(window.dtype)
-            dqp += tl.dot(ds_rows, window, input_precision=PRECISION)
+        live = True
+        if HAS_SEG or HAS_MASK:
+            live = _any(visible)
+        if live:
+            k = _key_tile(k_ptr, j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
+            ks = k
+            if HAS_QR:
+                ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
+            s = _scores(
+                q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
+                PRECISION,
+            )  # fmt: skip
+            v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
+            _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            if HAS_KR:
+                m0 = _first_column(i0, j0, LQ, BM)
+                window = _tile(kr_ptr, m0, LIMIT, kr_sw, kr_sd, D, WIN, DP)
+                if HAS_SEG or HAS_MASK:
+                    window = _reached(window, visible, BM, BN, WIN)
+                ds_rows = _window_rows(ds, BM, BN, WIN).to(window.dtype)
+                dqp += tl.dot(ds_rows, window, input_precision=PRECISION)
     _store(dq_ptr + bh * LQ * D, dq, i0, LQ, D, BM, DP)
     if HAS_KR:
         _store(dqp_ptr + bh * LQ * D, dqp, i0, LQ, D, BM, DP)
 
 
 def _backward_keys(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
     H, LQ, LK, LIMIT, D, DV,
     do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dks_ptr,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
-    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
-    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One key tile: ``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]``."""
     bh = tl.program_id(1).to(tl.int64)
@@ -271,11 +375,20 @@ def _backward_keys(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
-    k = _tile(_at(k_ptr, bh, H, k_sb, k_sh), j0, LK, k_sl, k_sd, D, BN, DP)
+    qseg_ptr = _at(qseg_ptr, bh, H, qseg_sb, qseg_sh)
+    k_seg = j0
+    if HAS_SEG:
+        k_seg = _segments(_at(kseg_ptr, bh, H, kseg_sb, kseg_sh), j0, LK, kseg_sl, BN)
+    keep = j0
+    if HAS_MASK:
+        keep = _keep(_at(kmask_ptr, bh, H, kmask_sb, kmask_sh), j0, LK, kmask_sl, BN)
+    k = _key_tile(_at(k_ptr, bh, H, k_sb, k_sh), j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
     ks = k
     if HAS_QR:
-        ks = _tile(_at(ks_ptr, bh, H, ks_sb, ks_sh), j0, LK, ks_sl, ks_sd, D, BN, DP)
-    v = _tile(_at(v_ptr, bh, H, v_sb, v_sh), j0, LK, v_sl, v_sd, DV, BN, DVP)
+        ks_ptr = _at(ks_ptr, bh, H, ks_sb, ks_sh)
+        ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
+    v_ptr = _at(v_ptr, bh, H, v_sb, v_sh)
+    v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
     dk = tl.full((BN, DP), 0.0, ACC)
     dv = tl.full((BN, DVP), 0.0, ACC)
     dks = tl.full((BN, DP), 0.0, ACC)
@@ -284,26 +397,39 @@ def _backward_keys(
         # Query i sees key j0 from i = j0 - (Lk - Lq) on: start at that row's tile.
         start = tl.maximum(0, j0 - (LK - LQ)) // BM * BM
     for i0 in range(start, LQ, BM):
-        q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
-        qp = q
-        if HAS_KR:
-            qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
-        s = _scores(
-            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
-            PRECISION,
+        q_seg = i0
+        if HAS_SEG:
+            q_seg = _segments(qseg_ptr, i0, LQ, qseg_sl, BM)
+        visible = _visible(
+            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
         )  # fmt: skip
-        do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
-        rows = i0 + tl.arange(0, BM)
-        lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
-        delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
-        p, ds = _score_grads(s, lse, do, v, delta, PRECISION)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        if HAS_QR:
-            window = _tile(qr_ptr, _first_column(i0, j0, LQ, BM), LIMIT, qr_sw, qr_sd, D, WIN, DP)
-            ds_cols = _window_cols(ds, BM, BN, WIN).to(window.dtype)
-            dks += tl.dot(tl.trans(ds_cols), window, input_precision=PRECISION)
+        live = True
+        if HAS_SEG or HAS_MASK:
+            live = _any(visible)
+        if live:
+            q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
+            qp = q
+            if HAS_KR:
+                qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
+            s = _scores(
+                q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
+                PRECISION,
+            )  # fmt: skip
+            do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
+            rows = i0 + tl.arange(0, BM)
+            lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+            delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+            p, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            if HAS_QR:
+                m0 = _first_column(i0, j0, LQ, BM)
+                window = _tile(qr_ptr, m0, LIMIT, qr_sw, qr_sd, D, WIN, DP)
+                if HAS_SEG or HAS_MASK:
+                    window = _reached(window, visible, BM, BN, WIN)
+                ds_cols = _window_cols(ds, BM, BN, WIN).to(window.dtype)
+                dks += tl.dot(tl.trans(ds_cols), window, input_precision=PRECISION)
     _store(dk_ptr + bh * LK * D, dk, j0, LK, D, BN, DP)
     _store(dv_ptr + bh * LK * DV, dv, j0, LK, DV, BN, DVP)
     if HAS_QR:
@@ -311,15 +437,17 @@ def _backward_keys(
 
 
 def _backward_tables(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
     H, LQ, LK, LIMIT, D, DV,
     do_ptr, lse_ptr, delta_ptr, dkr_ptr, dqr_ptr, db_ptr, NI, NJ, PARITY,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr,
-    ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
-    DP: tl.constexpr, DVP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One tile diagonal (square tiles, ``BM == BN``): ``dKʳ[m] = Σ dS_ij qp_i``,
     ``dQʳ[m] = Σ dS_ij ks_j`` and ``db[m] = Σ dS_ij`` over the pairs with ``m(i, j) = m``.
@@ -340,6 +468,9 @@ def _backward_tables(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    qseg_ptr = _at(qseg_ptr, bh, H, qseg_sb, qseg_sh)
+    kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
+    kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
     dkr = tl.full((WIN, DP), 0.0, ACC)
     dqr = tl.full((WIN, DP), 0.0, ACC)
     db = tl.full((WIN,), 0.0, ACC)
@@ -351,33 +482,48 @@ def _backward_tables(
     for tile in range(first, last):
         i0 = tile * BM
         j0 = i0 + t * BM
-        q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
-        k = _tile(k_ptr, j0, LK, k_sl, k_sd, D, BN, DP)
-        qp = q
-        if HAS_KR:
-            qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
-        ks = k
-        if HAS_QR:
-            ks = _tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, BN, DP)
-        s = _scores(
-            q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-            i0, j0, LQ, LK, LIMIT, D, HAS_KR, HAS_QR, HAS_B, CAUSAL, BM, BN, WIN, DP,
-            PRECISION,
+        q_seg = i0
+        k_seg = j0
+        if HAS_SEG:
+            q_seg = _segments(qseg_ptr, i0, LQ, qseg_sl, BM)
+            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+        keep = j0
+        if HAS_MASK:
+            keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
+        visible = _visible(
+            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
         )  # fmt: skip
-        v = _tile(v_ptr, j0, LK, v_sl, v_sd, DV, BN, DVP)
-        do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
-        rows = i0 + tl.arange(0, BM)
-        lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
-        delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
-        _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
-        if HAS_KR:
-            ds_rows = _window_rows(ds, BM, BN, WIN).to(qp.dtype)
-            dkr += tl.dot(tl.trans(ds_rows), qp, input_precision=PRECISION)
-        if HAS_QR:
-            ds_cols = _window_cols(ds, BM, BN, WIN).to(ks.dtype)
-            dqr += tl.dot(ds_cols, ks, input_precision=PRECISION)
-        if HAS_B:
-            db += tl.reduce(_window_rows(ds, BM, BN, WIN), 0, tl.standard._sum_combine)
+        live = True
+        if HAS_SEG or HAS_MASK:
+            live = _any(visible)
+        if live:
+            q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
+            k = _key_tile(k_ptr, j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
+            qp = q
+            if HAS_KR:
+                qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
+            ks = k
+            if HAS_QR:
+                ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
+            s = _scores(
+                q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
+                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
+                PRECISION,
+            )  # fmt: skip
+            v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
+            do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
+            rows = i0 + tl.arange(0, BM)
+            lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+            delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
+            _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
+            if HAS_KR:
+                ds_rows = _window_rows(ds, BM, BN, WIN).to(qp.dtype)
+                dkr += tl.dot(tl.trans(ds_rows), qp, input_precision=PRECISION)
+            if HAS_QR:
+                ds_cols = _window_cols(ds, BM, BN, WIN).to(ks.dtype)
+                dqr += tl.dot(ds_cols, ks, input_precision=PRECISION)
+            if HAS_B:
+                db += tl.reduce(_window_rows(ds, BM, BN, WIN), 0, tl.standard._sum_combine)
     m = _first_column(0, t * BM, LQ, BM) + tl.arange(0, WIN)
     inside = (m >= 0) & (m < LIMIT)
     cells = m[:, None] * D + tl.arange(0, DP)[None, :]
@@ -394,7 +540,8 @@ def _backward_tables(
 
 
 _DEVICE_FUNCTIONS = (
-    _at, _tile, _store, _first_column, _scores, _score_grads, _window_rows, _window_cols,
+    _at, _tile, _key_tile, _segments, _keep, _visible, _any, _store, _first_column, _scores,
+    _score_grads, _window_rows, _window_cols, _reached,
 )  # fmt: skip
 _KERNELS = (_forward, _backward_rows, _backward_keys, _backward_tables)
 
@@ -459,18 +606,24 @@ def _or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
     return stand_in if x is None else x
 
 
-def _inputs(q, k, v, qp, ks, kr, qr, bias, config: _Config) -> tuple[list[Any], dict[str, Any]]:
+def _inputs(
+    q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config: _Config
+) -> tuple[list[Any], dict[str, Any]]:
     """The kernels' shared leading arguments, and the keyword arguments of every launch
     (``meta``): the constexpr flags and tile sizes, and Triton's launch options."""
-    tensors = [_or(x, q) for x in (q, k, v, qp, ks, kr, qr, bias)]
-    # Four strides each, three for the bias (B, H, W).
-    strides = [s for x in tensors[:-1] for s in x.stride()] + list(tensors[-1].stride()[:3])
+    if kmask is not None:
+        kmask = kmask.view(torch.uint8)  # the same bytes and strides, read as 0 / 1
+    tensors = [_or(x, q) for x in (q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask)]
+    # Four strides each, three for the bias (B, H, W), the segments and the key mask (B, H, L).
+    strides = [s for x in tensors[:7] for s in x.stride()]
+    strides += [s for x in tensors[7:] for s in x.stride()[:3]]
     _, heads, lq, d = q.shape
     lk, dv = v.shape[2:]
     sizes = [heads, lq, lk, _limit(lq, lk, config.causal), d, dv]
     bm, bn = config.block_q, config.block_k
     meta = {
         "HAS_KR": kr is not None, "HAS_QR": qr is not None, "HAS_B": bias is not None,
+        "HAS_SEG": qseg is not None, "HAS_MASK": kmask is not None,
         "CAUSAL": config.causal, "ACC": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "BM": bm, "BN": bn, "WIN": triton.next_power_of_2(bm + bn - 1),
         "DP": max(16, triton.next_power_of_2(d)), "DVP": max(16, triton.next_power_of_2(dv)),
@@ -486,28 +639,31 @@ def _inputs(q, k, v, qp, ks, kr, qr, bias, config: _Config) -> tuple[list[Any], 
 
 class _RelativeAttention(torch.autograd.Function):
     """The kernels as one differentiable function of ``(q, k, v, qp, Kʳ, ks, Qʳ, b)``, the
-    tables expanded to ``(B, H, W, …)``."""
+    tables expanded to ``(B, H, W, …)``; the segments and the key mask ``(B, H, L)`` (no
+    gradient) follow."""
 
     @staticmethod
-    def forward(ctx: Any, q, k, v, qp, kr, ks, qr, bias, config: _Config) -> torch.Tensor:
+    def forward(
+        ctx: Any, q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, config: _Config
+    ) -> torch.Tensor:
         batch, heads, lq, _ = q.shape
         dv = v.shape[3]
-        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, config)
+        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config)
         out = torch.empty((batch, heads, lq, dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, heads, lq), dtype=_accumulator(q.dtype), device=q.device)
         grid = (triton.cdiv(lq, config.block_q), batch * heads)
         _kernels(config.interpret)._forward[grid](*args, out, lse, **meta)
-        ctx.save_for_backward(q, k, v, qp, kr, ks, qr, bias, out, lse)
+        ctx.save_for_backward(q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, out, lse)
         ctx.config = config
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, qp, kr, ks, qr, bias, out, lse = ctx.saved_tensors
+        q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, out, lse = ctx.saved_tensors
         config = ctx.config
         batch, heads, lq, _ = q.shape
         lk = k.shape[2]
-        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, config)
+        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config)
         kernels = _kernels(config.interpret)
         do = grad_out.to(q.dtype).contiguous()
         acc = _accumulator(q.dtype)
@@ -524,7 +680,7 @@ class _RelativeAttention(torch.autograd.Function):
         if any(ctx.needs_input_grad[i] for i in (4, 6, 7)):  # Kʳ, Qʳ, b
             tables = (kr, qr, bias)
             dkr, dqr, dbias = _table_grads(q, k, tables, args, meta, do, lse, delta, config)
-        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, None
+        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, None, None, None, None
 
 
 def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> list[Any]:
@@ -598,6 +754,28 @@ def _table(name: str, x: Any, lead: tuple[int, int], lq: int, lk: int, d: int | 
     return x.expand(*lead, *shape[-n:])
 
 
+def _per_key(name: str, x: Any, lead: tuple[int, int], length: int, axis: str) -> Any:
+    """Segments or a key mask ``(..., L)`` checked and expanded to ``(B, H, L)`` (a view)."""
+    if x is None:
+        return None
+    _tensor(name, x)
+    shape = tuple(x.shape)
+    if not 1 <= x.ndim <= 3 or shape[-1] != length:
+        raise ValueError(
+            f"{name} must have shape (..., {axis}) = (..., {length}), at most 2 leading dims, "
+            f"got {shape}"
+        )
+    head = shape[:-1]
+    if any(s not in (1, t) for s, t in zip(reversed(head), reversed(lead), strict=False)):
+        raise ValueError(f"{name}'s leading dims {head} do not broadcast to (B, H) = {lead}")
+    if name == "key_mask" and x.dtype != torch.bool:
+        raise TypeError(f"key_mask must be torch.bool (True: the key is seen), got {x.dtype}")
+    if name != "key_mask" and (x.dtype.is_floating_point or x.dtype.is_complex
+                               or x.dtype == torch.bool):  # fmt: skip
+        raise TypeError(f"{name} must have an integer dtype (document ids), got {x.dtype}")
+    return x.expand(*lead, length)
+
+
 def relative_attention_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -608,6 +786,9 @@ def relative_attention_kernel(
     ks: torch.Tensor | None = None,
     query_table: torch.Tensor | None = None,
     relative_bias: torch.Tensor | None = None,
+    query_segments: torch.Tensor | None = None,
+    key_segments: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
     causal: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -620,7 +801,8 @@ def relative_attention_kernel(
         s_ij = q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m]
 
     (each term present only if its inputs are given); ``out_i = Σ_j softmax_j(s_i·) v_j``
-    over the visible keys.
+    over the visible keys: those the causal rule, the segments and the key mask all let
+    query ``i`` see.
 
     Parameters
     ----------
@@ -643,6 +825,14 @@ def relative_attention_kernel(
         ``Qʳ``, DeBERTa's position-to-content table, in the layouts of ``key_table``.
     relative_bias : Tensor of shape (..., W), optional
         ``b``, one value per distance (T5, ALiBi), in the layouts of ``key_table``.
+    query_segments, key_segments : Tensor of shape (..., Lq) and (..., Lk), optional
+        Integer document ids (any integer dtype; both or neither): query ``i`` sees key
+        ``j`` only where ``query_segments[i] == key_segments[j]`` (packed documents).
+        Leading dims broadcasting to ``(B, H)`` as the tables'; any strides, 0 included.
+    key_mask : Tensor of shape (..., Lk), optional
+        torch.bool, True where the key may be seen (key padding, a cache's unfilled
+        slots); leading dims and strides as the segments'. A masked key's ``k``, ``v``
+        and ``ks`` rows are never read (they may be NaN or inf).
     causal : bool
         Mask the keys with ``δ = j - i - (Lk - Lq) > 0``.
     block_q, block_k : int, optional
@@ -657,8 +847,9 @@ def relative_attention_kernel(
     Returns
     -------
     Tensor of shape (B, H, Lq, dv), dtype of ``q``
-        A row without a visible key (causal with ``Lq > Lk``: the first ``Lq - Lk``) is 0,
-        and its gradients are 0. Differentiable with respect to every tensor input (a
+        A row without a visible key (causal with ``Lq > Lk``: the first ``Lq - Lk``; a
+        query whose keys are all masked or of other documents) is 0, and its gradients
+        are 0. Differentiable with respect to every tensor input (a
         ``torch.autograd.Function``); the gradients of broadcast tables are summed over
         the broadcast dims.
 
@@ -666,10 +857,12 @@ def relative_attention_kernel(
     ------
     TypeError
         If an input is not a tensor, the dtypes differ, the dtype is not float16,
-        bfloat16, float32 or float64, or ``causal`` is not a bool.
+        bfloat16, float32 or float64, the segments are not integers, the key mask is not
+        torch.bool, or ``causal`` is not a bool.
     ValueError
         If the shapes do not match, a table comes without its queries or keys (or the
-        reverse), ``W`` fits neither layout (or is ``Lk`` without ``causal``), ``Lq`` or
+        reverse), only one of the segments is given, a segment or mask length is not
+        ``Lq``/``Lk``, ``W`` fits neither layout (or is ``Lk`` without ``causal``), ``Lq`` or
         ``Lk`` is 0, ``d`` or ``dv`` exceeds 256, a tile size is not a power of two >= 16,
         the tensors are on different devices, or ``interpret=False`` for CPU tensors.
 
@@ -684,6 +877,8 @@ def relative_attention_kernel(
     backward pass recomputes the probabilities per tile (Dao 2023, FlashAttention-2,
     algorithm 2), and sums the tables' gradients per tile diagonal, without an
     ``(Lq, W, d)`` intermediate. Accumulation is float32 (float64 for float64 inputs).
+    With segments or a key mask, the tile pairs without a visible pair (other documents)
+    are skipped.
     The interpreter has no bfloat16 ``tl.dot`` (triton-lang/triton#11584): it computes
     bfloat16 inputs in float32 and rounds the output.
     """
@@ -712,7 +907,16 @@ def relative_attention_kernel(
         _rows("qp", qp, (batch, heads, lq, d), dims["q"])
     if ks is not None:
         _rows("ks", ks, (batch, heads, lk, d), dims["k"])
+    if (query_segments is None) != (key_segments is None):
+        alone, missing = (
+            ("query_segments", "key_segments") if key_segments is None
+            else ("key_segments", "query_segments")
+        )  # fmt: skip
+        raise ValueError(f"{alone} is given without {missing}: give both or neither")
     lead = (batch, heads)
+    qseg = _per_key("query_segments", query_segments, lead, lq, "Lq")
+    kseg = _per_key("key_segments", key_segments, lead, lk, "Lk")
+    kmask = _per_key("key_mask", key_mask, lead, lk, "Lk")
     kr = _table("key_table", key_table, lead, lq, lk, d, causal)
     qr = _table("query_table", query_table, lead, lq, lk, d, causal)
     bias = _table("relative_bias", relative_bias, lead, lq, lk, None, causal)
@@ -723,6 +927,8 @@ def relative_attention_kernel(
     for name, x in given.items():
         if x is not None and x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+    given.update(query_segments=qseg, key_segments=kseg, key_mask=kmask)
+    for name, x in given.items():
         if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     # Tiles of at most 8 KiB per (tile, padded features) input: 64 rows for 16-bit
@@ -747,11 +953,12 @@ def relative_attention_kernel(
 
         out = relative_attention_kernel(
             q.float(), k.float(), v.float(), qp=up(qp), key_table=up(key_table), ks=up(ks),
-            query_table=up(query_table), relative_bias=up(relative_bias), causal=causal,
-            block_q=block_q, block_k=block_k, interpret=True,
+            query_table=up(query_table), relative_bias=up(relative_bias),
+            query_segments=query_segments, key_segments=key_segments, key_mask=key_mask,
+            causal=causal, block_q=block_q, block_k=block_k, interpret=True,
         )  # fmt: skip
         return out.to(torch.bfloat16)
     config = _Config(causal, block_q, block_k, interpret)
-    out = _RelativeAttention.apply(q, k, v, qp, kr, ks, qr, bias, config)
+    out = _RelativeAttention.apply(q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, config)
     assert isinstance(out, torch.Tensor)
     return out
