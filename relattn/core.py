@@ -46,7 +46,7 @@ from .fold import (
 from .plan import Explaining, Plan, Planned, choose, device_kind, plan_for
 from .problem import Problem
 from .shift import unshift
-from .terms import matmul_transposed, relative_term, visible_mask
+from .terms import grid_term, matmul_transposed, relative_term, visible_mask
 
 __all__ = ["attend", "attend_generic", "attention", "softmax"]
 
@@ -355,14 +355,16 @@ def _causal(p: Problem) -> Any:
 
 
 def _position(p: Problem, fill: float = 0.0) -> Any:
-    """The whole problem's relative term plus its ``bias`` (either may be absent: ``None``).
+    """The whole problem's relative terms plus its ``bias`` (any may be absent: ``None``).
 
     The absent ``δ > 0`` cells of a causal-layout term are 0: the causal mask selects
     them out (an added ``-inf`` would meet a NaN score as NaN)."""
-    position = relative_term(p, p.qp, p.ks, (0, p.lq, 0, p.lk), fill=fill)
-    if p.bias is None:
-        return position
-    return p.bias if position is None else position + p.bias
+    whole = (0, p.lq, 0, p.lk)
+    position = relative_term(p, p.qp, p.ks, whole, fill=fill)
+    for term in (grid_term(p, p, whole), p.bias):
+        if term is not None:
+            position = term if position is None else position + term
+    return position
 
 
 def value_term(weights: Any, value_table: Any, xp: Any) -> Any:

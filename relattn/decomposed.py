@@ -14,27 +14,21 @@ linear interpolation (:func:`resize_relative_table`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
-from . import _checks
+from . import _checks, core, problem
 from ._namespace import device_of
 from ._typing import Array
-from .attention import scaled_dot_product_attention
-from .backends import backend_for
-from .plan import dense_budget
 
 __all__ = [
     "decomposed_relative_attention",
     "decomposed_relative_terms",
     "resize_relative_table",
 ]
-
-#: The dense bias path's score-sized temporaries: plain attention's three (scores,
-#: exponentials, weights) and the ``(Lq, Lk)`` bias itself (relattn.plan.dense_peak_bytes).
-_DENSE_ARRAYS = 4
 
 
 # -------------------------------------------------------------------------------------------
@@ -340,8 +334,8 @@ def decomposed_relative_attention(
     ----------
     q : array of shape (..., Lq, d), real floating
         Queries of a ``(qh, qw)`` grid flattened row-major (``Lq = qh·qw``).
-        ``(B, H, Lq, d)``, ``(N, Lq, d)`` or ``(Lq, d)``; more leading
-        dimensions are flattened for the blockwise path and restored.
+        ``(B, H, Lq, d)``, ``(N, Lq, d)``, ``(Lq, d)`` or more leading
+        dimensions.
     k : array of shape (..., Lk, d), real floating
         Keys of the ``(kh, kw)`` grid (``Lk = kh·kw``).
     v : array of shape (..., Lk, d_v), real floating
@@ -358,13 +352,11 @@ def decomposed_relative_attention(
         Scale of ``q·kᵀ``, ``1/√d`` by default (SAM's ``head_dim ** -0.5``).
         The relative terms are not scaled.
     block_size : int or (int, int), optional
-        Run blockwise with blocks of this size through a ``score_mod``
-        (memory ``O(L·(kh + kw))`` per head for the terms, no ``(Lq, Lk)``
-        array). ``None``: the dense ``(Lq, Lk)`` bias, for as many query rows
-        at once as the dense path's four score-sized arrays fit
-        ``relattn.config.max_score_bytes`` (the device's budget): all of them,
-        or chunks of rows (on JAX, whose compiler fuses the ``score_mod``, the
-        blockwise ``score_mod`` beyond the budget).
+        Run blockwise with blocks of this size (memory ``O(L·(kh + kw))`` per
+        head for the terms, no ``(Lq, Lk)`` array). ``None``: the call's plan
+        chooses (:func:`relattn.explain`): the dense path with the whole
+        ``(Lq, Lk)`` bias while it fits ``relattn.config.max_score_bytes``,
+        else the block fold with the device's blocks.
 
     Returns
     -------
@@ -388,7 +380,7 @@ def decomposed_relative_attention(
     See Also
     --------
     decomposed_relative_terms : The two per-axis terms.
-    scaled_dot_product_attention : Runs the attention (``bias=`` or ``score_mod=``).
+    scaled_dot_product_attention : Attention with a bias or ``score_mod``.
 
     Notes
     -----
@@ -396,20 +388,16 @@ def decomposed_relative_attention(
     2023 (SAM) ``Attention.forward``: ``attn = (q * scale) @ k.transpose(-2,
     -1)``, then ``add_decomposed_rel_pos(attn, q, rel_pos_h, rel_pos_w, (qh,
     qw), (kh, kw))`` with the unscaled ``q``, softmax, ``@ v``; equal to HF
-    transformers' ``SamVisionAttention``. The terms enter as the bias
-    ``rel_h[i, ky] + rel_w[i, kx]`` of each pair, one broadcast sum: the whole
-    ``(Lq, Lk)`` bias while the dense path's four score-sized arrays fit the
-    budget, else chunks of query rows that do (each row's softmax is its own,
-    so the chunks give the whole result; memory ``O(rows·Lk)``). With
-    ``block_size=`` they enter through a ``score_mod`` (FlexAttention's
-    signature) that gathers ``rel_h`` and ``rel_w`` at each pair's flattened
-    index, evaluated per block on every backend and as FlexAttention's
-    ``score_mod`` on torch. Measured at a 64 × 64 grid (``L = 4096``, 4 heads,
-    ``d = 64``, float32, 2 shared CPU cores, ``asv_bench/compare.py --only
-    vision``): the chunked bias against SAM's code written natively, which
-    builds the whole ``(B·H, L, L)`` scores, see ``docs/guide/decomposed.md``;
-    the per-pair ``score_mod`` spends its time in index arithmetic and gathers,
-    about twice the chunks' on NumPy.
+    transformers' ``SamVisionAttention``. The two per-axis terms are the core's
+    grid terms (:class:`relattn.problem.Problem`): each path forms
+    ``rel_h[i, ky] + rel_w[i, kx]`` where it forms its scores, as one broadcast
+    sum over the key grid's rows (the whole ``(Lq, Lk)`` bias on the dense
+    path and the library's attention kernel, a block's slice of it in the
+    fold), never an ``(Lq, Lk, d)`` array. Measured at a 64 × 64 grid
+    (``L = 4096``, 4 heads, ``d = 64``, float32, 2 shared CPU cores,
+    ``asv_bench/compare.py --only vision``) against SAM's code written
+    natively, which builds the whole ``(B·H, L, L)`` scores: see
+    ``docs/guide/decomposed.md``.
 
     Examples
     --------
@@ -439,82 +427,9 @@ def decomposed_relative_attention(
     d = q.shape[-1]
     _table("table_h", table_h, d)
     _table("table_w", table_w, d)
-    lead = _checks.broadcast(q=q.shape[:-2], k=k.shape[:-2], v=v.shape[:-2])
-    rel_h, rel_w = _terms(xp, dtype, q, table_h, table_w, qgrid, kgrid)
-    lq, lk = q.shape[-2], k.shape[-2]
-    rows = _dense_rows(xp, q, dtype, lead, lk) if block_size is None else 0
-    # A library that compiles whole programs (Backend.staged: JAX) fuses the block fold's
-    # score_mod (XLA: about 0.7 of SAM's native time at L = 4096, 25 against 300 MiB of
-    # program memory for the chunks): it chunks no rows.
-    if rows >= lq or (rows and backend_for(xp).staged is None):
-        # The dense bias of as many query rows as the budget holds at once: every row's
-        # softmax is its own, so chunks of rows give the whole call's result.
-        outs = []
-        for start in range(0, lq, rows):
-            stop = min(start + rows, lq)
-            h, w = rel_h[..., start:stop, :], rel_w[..., start:stop, :]
-            bias = xp.reshape(h[..., :, None] + w[..., None, :], (*h.shape[:-1], lk))
-            outs.append(
-                scaled_dot_product_attention(q[..., start:stop, :], k, v, bias=bias, scale=scale)
-            )
-        return outs[0] if len(outs) == 1 else xp.concat(outs, axis=-2)
-    if len(lead) <= 2:
-        return _blockwise(xp, q, k, v, rel_h, rel_w, lead, kgrid[1], scale, block_size)
-    # score_mod indexes (batch, head): more leading dims are flattened into one
-    flat = (math.prod(lead),)
-    q, k, v, rel_h, rel_w = (
-        xp.reshape(xp.broadcast_to(a, (*lead, *a.shape[-2:])), (*flat, *a.shape[-2:]))
-        for a in (q, k, v, rel_h, rel_w)
-    )
-    out = _blockwise(xp, q, k, v, rel_h, rel_w, flat, kgrid[1], scale, block_size)
-    return xp.reshape(out, (*lead, *out.shape[-2:]))
-
-
-def _dense_rows(xp: Any, q: Any, dtype: Any, lead: tuple[int, ...], lk: int) -> int:
-    """The query rows whose dense bias path (four score-sized arrays) fits the budget at
-    once; at least one."""
-    budget = dense_budget(device_of(q), backend_for(xp))
-    row = _DENSE_ARRAYS * math.prod(lead) * lk * _checks.itemsize(xp, dtype)
-    return max(1, budget // max(row, 1))
-
-
-def _blockwise(
-    xp: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    rel_h: Any,
-    rel_w: Any,
-    lead: tuple[int, ...],
-    kw: int,
-    scale: Any,
-    block_size: Any,
-) -> Any:
-    """Attention with the terms gathered per block by a ``score_mod`` (FlexAttention's
-    signature, run by the block fold that ``block_size`` asks for)."""
-    lq, lk = q.shape[-2], k.shape[-2]
-    kh = rel_h.shape[-1]
-    # One row of rel_h / rel_w per (batch, head): broadcast to the scores' leading dims and
-    # flattened, so that every backend (and FlexAttention's 0-d indices) reads it by take.
-    flat_h = xp.reshape(xp.broadcast_to(rel_h, (*lead, lq, kh)), (-1,))
-    flat_w = xp.reshape(xp.broadcast_to(rel_w, (*lead, lq, kw)), (-1,))
-    heads = lead[-1] if lead else 1
-    offset = lk - lq  # the default positions: query i at i + Lk - Lq, key j at j
-
-    def gather(flat: Any, at: Any) -> Any:
-        return xp.reshape(xp.take(flat, xp.reshape(at, (-1,)), axis=0), at.shape)
-
-    def score_mod(score: Any, batch: Any, head: Any, q_pos: Any, kv_pos: Any) -> Any:
-        # The padding of a last, partial block lies past Lq or Lk: clipped into the arrays
-        # (its scores are masked), since JAX fills an out-of-range take with NaN, whose
-        # gradient would leak through the mask.
-        query = xp.clip(q_pos - offset, 0, lq - 1)
-        key = xp.clip(kv_pos, 0, lk - 1)
-        row = (batch * heads + head) * lq + query
-        at_h = row * kh + key // kw
-        at_w = row * kw + key % kw
-        return score + (gather(flat_h, at_h) + gather(flat_w, at_w))
-
-    return scaled_dot_product_attention(
-        q, k, v, scale=scale, score_mod=score_mod, block_size=block_size
-    )
+    q, k, v = (_checks.cast(xp, a, dtype) for a in (q, k, v))  # the tables' dtype too
+    p = problem.check(q, k, v, scale=scale, block_size=block_size)
+    rel_h, rel_w = _terms(p.xp, p.dtype, q, table_h, table_w, qgrid, kgrid)
+    # The per-axis terms are the core's grid terms: each plan forms them where it forms
+    # its scores (the dense path's one broadcast sum, a block's columns in the fold).
+    return core.attention(dataclasses.replace(p, grid_rows=rel_h, grid_cols=rel_w))

@@ -35,6 +35,7 @@ from .shift import unshift
 from .terms import (
     Block,
     block_positions,
+    grid_term,
     matmul_transposed,
     relative_term,
     relative_term_at,
@@ -354,6 +355,9 @@ def _pair_scores(
         term = relative_term(p, rows.qp, ks, block, fill=0.0)
     if term is not None:
         s = s + term
+    grid = grid_term(p, rows, block)
+    if grid is not None:
+        s = s + grid
     if bias is not None:
         s = s + bias
     if p.score_mod is not None:
@@ -585,6 +589,8 @@ def query_rows(p: Problem, i0: int, i1: int) -> Problem:
         mask=rows_of(p.mask, i0, i1, -2),
         query_positions=rows_of(p.query_positions, i0, i1, -1),
         query_segments=rows_of(p.query_segments, i0, i1, -1),
+        grid_rows=rows_of(p.grid_rows, i0, i1, -2),
+        grid_cols=rows_of(p.grid_cols, i0, i1, -2),
     )
 
 
@@ -700,6 +706,7 @@ def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
         key_positions=_pad(p.key_positions, -1, cols, xp),
         query_segments=_pad(p.query_segments, -1, rows, xp),
         key_segments=_pad(p.key_segments, -1, cols, xp),
+        grid_rows=_pad(p.grid_rows, -2, rows, xp), grid_cols=_pad(p.grid_cols, -2, rows, xp),
     )  # fmt: skip
     key_limit = p.lk if cols != p.lk else None
 
@@ -711,6 +718,8 @@ def _traced_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
             bias=slice_at(padded.bias, i0, bq, -2), mask=slice_at(padded.mask, i0, bq, -2),
             query_positions=slice_at(padded.query_positions, i0, bq, -1),
             query_segments=slice_at(padded.query_segments, i0, bq, -1),
+            grid_rows=slice_at(padded.grid_rows, i0, bq, -2),
+            grid_cols=slice_at(padded.grid_cols, i0, bq, -2),
         )  # fmt: skip
 
         def key_block_at(step: Any, source: None) -> tuple[KeyBlock, None]:

@@ -139,7 +139,7 @@ def dense_peak_bytes(p: Problem) -> int:
 
     Three for plain attention (the scores, their exponentials, the weights), two
     more per table term (``q·Rᵀ`` over the relative layout and its shift), one for
-    a per-distance bias expanded to ``(Lq, Lk)``, two for a value table (the
+    a per-distance bias or the grid terms expanded to ``(Lq, Lk)``, two for a value table (the
     weights spread over the relative layout, and its product); with explicit
     positions a value table's row per pair multiplies its share by ``d_v``.
     Measured with tracemalloc on NumPy at L = 1024, H = 2: ``shaw_attention``
@@ -148,7 +148,7 @@ def dense_peak_bytes(p: Problem) -> int:
     """
     count = 3
     count += 2 * (p.key_table is not None) + 2 * (p.query_table is not None)
-    count += p.relative_bias is not None
+    count += p.relative_bias is not None or p.grid_rows is not None
     if p.value_table is not None:
         count += 2 * (p.v.shape[-1] if p.has_positions else 1)
     return count * _score_bytes(p)

@@ -57,6 +57,15 @@ class Problem:
     only); ``score_mod(score, batch, head, q_pos, kv_pos)`` and
     ``mask_mod(batch, head, q_pos, kv_pos)`` are the caller's functions,
     evaluated per block.
+
+    The decomposed 2-D terms (MViTv2, ViTDet, SAM; SPEC §2.18): the keys lie on a
+    ``kh × kw`` grid, key ``j`` at row ``j // kw`` and column ``j % kw``, and
+    ``grid_rows (..., Lq, kh)`` and ``grid_cols (..., Lq, kw)`` are each query's
+    content-to-position term per key row and per key column, ``q_i·Rʸ[Δy]`` and
+    ``q_i·Rˣ[Δx]``, added to the scaled scores as ``grid_rows[i, j // kw] +
+    grid_cols[i, j % kw]``: ``O(Lq·(kh + kw))``, formed per block
+    (:func:`relattn.terms.grid_term`). Set by the public functions that have them
+    (:func:`relattn.decomposed.decomposed_relative_attention`) after the check.
     """
 
     xp: ModuleType
@@ -84,6 +93,8 @@ class Problem:
     key_segments: Any = None
     score_mod: Callable[..., Any] | None = None
     mask_mod: Callable[..., Any] | None = None
+    grid_rows: Any = None
+    grid_cols: Any = None
 
     @property
     def has_positions(self) -> bool:
@@ -101,10 +112,11 @@ class Problem:
 
     @property
     def has_terms(self) -> bool:
-        """A per-distance score term (``Kʳ``, ``Qʳ`` or ``b``) is present."""
+        """A relative score term (``Kʳ``, ``Qʳ``, ``b`` or the grid's) is present."""
         return not (
             self.key_table is None and self.query_table is None and self.relative_bias is None
-        )
+            and self.grid_rows is None
+        )  # fmt: skip
 
     def arrays(self) -> tuple[Any, ...]:
         """The arrays of the problem, in the order of :data:`ARRAYS` (for a checkpoint)."""
@@ -119,6 +131,7 @@ class Problem:
 ARRAYS = (
     "q", "k", "v", "key_table", "query_table", "value_table", "relative_bias", "qp", "ks",
     "bias", "mask", "query_positions", "key_positions", "query_segments", "key_segments",
+    "grid_rows", "grid_cols",
 )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from .shift import extend, shift
 __all__ = [
     "block_positions",
     "gather_columns",
+    "grid_term",
     "matmul_transposed",
     "relative_term",
     "relative_term_at",
@@ -119,6 +120,35 @@ def relative_term(p: Problem, qp: Any, ks: Any, block: Block, *, fill: float) ->
         term = xp.matrix_transpose(shift(matmul_transposed(ks, flipped, xp), bq, xp))
         total = term if total is None else total + term
     return total
+
+
+def grid_term(p: Problem, rows: Problem, block: Block) -> Any:
+    """The decomposed 2-D terms of one block pair, ``(..., bq, bk)``, or ``None``.
+
+    ``rows.grid_rows (..., bq, kh)`` and ``rows.grid_cols (..., bq, kw)`` are the query
+    block's rows; key ``j0 + c`` reads row ``(j0 + c) // kw`` of the first and column
+    ``(j0 + c) % kw`` of the second (``kw``, the width of ``grid_cols``). Static offsets slice a
+    broadcast sum over the grid rows the block spans; traced ones take the block's
+    columns (clipped into the grid: the padding keys of a traced loop are masked, and
+    JAX fills an out-of-range take with NaN, whose gradient would leak through it).
+    """
+    if rows.grid_rows is None:
+        return None
+    xp = p.xp
+    height, width = rows.grid_rows.shape[-1], rows.grid_cols.shape[-1]
+    _, _, j0, bk = block
+    if isinstance(j0, int):
+        # The grid rows the block's keys lie on, as one broadcast sum, then the block's
+        # columns of it: a slice, no gather (a take along the last axis is slow on CPUs).
+        first, last = j0 // width, min(-(-(j0 + bk) // width), height)
+        by_row = rows.grid_rows[..., :, first:last, None] + rows.grid_cols[..., :, None, :]
+        flat = xp.reshape(by_row, (*by_row.shape[:-2], (last - first) * width))
+        start = j0 - first * width
+        return flat if start == 0 and bk == flat.shape[-1] else flat[..., start : start + bk]
+    keys = xp.arange(bk, device=device_of(rows.grid_rows)) + j0
+    keys = xp.clip(keys, 0, height * width - 1)
+    term = xp.take(rows.grid_rows, keys // width, axis=rows.grid_rows.ndim - 1)
+    return term + xp.take(rows.grid_cols, keys % width, axis=rows.grid_cols.ndim - 1)
 
 
 def value_slice(p: Problem, block: Block) -> Any:

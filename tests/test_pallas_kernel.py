@@ -9,7 +9,10 @@ relattn's own block fold. Every input's gradient against autodiff of a dense flo
 implementation, also written here. float32 to about 1e-5, bfloat16 and float16 loosely;
 ``jax.jit`` equal to eager; bad input. Segment ids and key masks (packed documents, key
 padding): against the references with the mask, NaN in the masked keys' rows, rows with
-no visible key in the middle of a sequence, broadcast shapes.
+no visible key in the middle of a sequence, broadcast shapes. The decomposed 2-D terms of
+MViTv2 / ViTDet / SAM (keys on a ``kh × kw`` grid): alone and with every other term, the
+causal rule, segments, a key mask; their gradients; against relattn's own
+``decomposed_relative_attention``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ pytestmark = [pytest.mark.slow]
 B, H = 2, 2
 TABLES = ("key_table", "query_table", "relative_bias")
 #: The kernel's inputs, in the order the gradient tests differentiate them.
-INPUTS = ("q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias")
+INPUTS = ("q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias",
+          "grid_rows", "grid_cols")  # fmt: skip
 
 needs_x64 = pytest.mark.skipif(
     not jax.config.jax_enable_x64, reason="float64 needs jax_enable_x64 (tests/conftest.py)"
@@ -52,11 +56,13 @@ def _full(x, trailing, dtype=np.float64):
 
 def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=None,
                    relative_bias=None, query_segments=None, key_segments=None,
-                   key_mask=None, causal=False):  # fmt: skip
-    """``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m]) v`` pair by pair in float64,
-    ``m = j - i + Lq - 1``; with ``causal`` the keys with ``j - i - (Lk - Lq) > 0`` are
-    left out, with segments those of other documents, with a key mask the masked ones
-    (never read); a query with no key gives zeros."""
+                   key_mask=None, grid_rows=None, grid_cols=None, grid_width=None,
+                   causal=False):  # fmt: skip
+    """``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + grid_rows[i, j // kw] +
+    grid_cols[i, j % kw]) v`` pair by pair in float64, ``m = j - i + Lq - 1``; with
+    ``causal`` the keys with ``j - i - (Lk - Lq) > 0`` are left out, with segments those of
+    other documents, with a key mask the masked ones (never read); a query with no key
+    gives zeros."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     segments = None
     if query_segments is not None:
@@ -68,6 +74,9 @@ def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=Non
     bias = None if relative_bias is None else _full(relative_bias, 1)
     qp = None if qp is None else np.asarray(qp, np.float64)
     ks = None if ks is None else np.asarray(ks, np.float64)
+    gr = None if grid_rows is None else _full(grid_rows, 2)
+    gc = None if grid_cols is None else _full(grid_cols, 2)
+    kw = None if gc is None else (grid_width or gc.shape[-1])
     out = np.zeros((*q.shape[:3], v.shape[-1]))
     for b in range(B):
         for h in range(H):
@@ -88,6 +97,8 @@ def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=Non
                         s += ks[b, h, j] @ qt[b, h, m]
                     if bias is not None:
                         s += bias[b, h, m]
+                    if gr is not None:
+                        s += gr[b, h, i, j // kw] + gc[b, h, i, j % kw]
                     scores.append(s)
                     keys.append(j)
                 if scores:
@@ -96,12 +107,13 @@ def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=Non
     return out
 
 
-def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal,
-              query_segments=None, key_segments=None, key_mask=None):  # fmt: skip
+def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, grid_rows, grid_cols,
+              causal, query_segments=None, key_segments=None, key_mask=None,
+              grid_width=None):  # fmt: skip
     """The same scores as one gathered ``(B, H, Lq, Lk)`` array, for ``jax.grad``: each
     table gathered at ``m(i, j)`` (zero where a causal-layout table lacks the column, a
-    masked cell); segments and the key mask as a select of the visible cells (so its
-    inputs must be finite)."""
+    masked cell), the decomposed terms at ``j // kw`` and ``j % kw``; segments and the key
+    mask as a select of the visible cells (so its inputs must be finite)."""
     lq, lk = q.shape[2], k.shape[2]
     i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
     m = j - i + lq - 1
@@ -121,6 +133,10 @@ def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal,
         s += jnp.einsum("bhjd,bhijd->bhij", ks, at_m(query_table, 2))
     if relative_bias is not None:
         s += at_m(relative_bias, 1)
+    if grid_rows is not None:
+        kw = grid_width or grid_cols.shape[-1]
+        keys = np.arange(lk)
+        s += grid_rows[..., keys // kw] + grid_cols[..., keys % kw]
     visible = jnp.asarray((j - i - (lk - lq) <= 0) if causal else np.ones((lq, lk), bool))
     if query_segments is not None:
         qs, kseg = _full(query_segments, 1, np.int64), _full(key_segments, 1, np.int64)
@@ -137,10 +153,12 @@ def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, causal,
 # ------------------------------------------------------------------------------------------
 # Problems
 # ------------------------------------------------------------------------------------------
-def make_inputs(rng, lq, lk, d, *, terms=TABLES, layout="full", table_lead=(B, H), dv=5):
+def make_inputs(rng, lq, lk, d, *, terms=TABLES, layout="full", table_lead=(B, H), dv=5,
+                grid=None, grid_lead=(B, H)):  # fmt: skip
     """float64 NumPy inputs: ``q, k, v`` and the given terms' tables (``qp`` with ``Kʳ``,
     ``ks`` with ``Qʳ``), width ``Lq + Lk - 1`` (full) or ``Lk`` (causal layout), with
-    leading dims ``table_lead``."""
+    leading dims ``table_lead``; with a key ``grid = (kh, kw)`` the decomposed terms
+    ``grid_rows (*grid_lead, Lq, kh)`` and ``grid_cols (*grid_lead, Lq, kw)``."""
     width = lq + lk - 1 if layout == "full" else lk
     x = {
         "q": rng.normal(size=(B, H, lq, d)),
@@ -155,6 +173,11 @@ def make_inputs(rng, lq, lk, d, *, terms=TABLES, layout="full", table_lead=(B, H
         x["query_table"] = rng.normal(size=(*table_lead, width, d))
     if "relative_bias" in terms:
         x["relative_bias"] = rng.normal(size=(*table_lead, width))
+    if grid is not None:
+        kh, kw = grid
+        assert kh * kw == lk
+        x["grid_rows"] = rng.normal(size=(*grid_lead, lq, kh))
+        x["grid_cols"] = rng.normal(size=(*grid_lead, lq, kw))
     return x
 
 
@@ -267,7 +290,7 @@ def test_gradients_match_dense_autodiff(case, rng):
     cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
     got = grads(kernel_fn(blocks), x, cotangent, causal)
     expected = grads(dense_fn, x, cotangent, causal)
-    for name in INPUTS:
+    for name in got:
         assert got[name].shape == x[name].shape, name
         np.testing.assert_allclose(got[name], expected[name], atol=1e-11, err_msg=name)
     if lq > lk:  # the rows that see no key: finite, and zero gradients
@@ -282,7 +305,7 @@ def test_float32_gradients(rng):
     cotangent = jnp.asarray(rng.normal(size=(B, H, 18, 5)))
     got = grads(kernel_fn((16, 8)), as_jax(x, jnp.float32), cotangent.astype(jnp.float32), True)
     expected = grads(dense_fn, as_jax(x, jnp.float64), cotangent, True)
-    for name in INPUTS:
+    for name in got:
         assert got[name].dtype == jnp.float32
         scale = float(np.abs(expected[name]).max())
         np.testing.assert_allclose(got[name], expected[name], atol=2e-5 * scale, err_msg=name)
@@ -292,8 +315,9 @@ def test_float32_gradients(rng):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision(dtype, rng):
     """Half-precision inputs, float32 accumulation: the output, and for bfloat16 every
-    gradient, against float64 on the same (rounded) inputs."""
-    x = as_jax(make_inputs(rng, 21, 21, 8, layout="causal"), dtype)
+    gradient, against float64 on the same (rounded) inputs; every term, the decomposed
+    ones too."""
+    x = as_jax(make_inputs(rng, 21, 21, 8, layout="causal", grid=(3, 7)), dtype)
     wide = {name: a.astype(jnp.float64) for name, a in x.items()}
     out = run(x, causal=True, blocks=(16, 16))
     assert out.dtype == dtype
@@ -304,7 +328,7 @@ def test_half_precision(dtype, rng):
         cotangent = jnp.asarray(rng.normal(size=(B, H, 21, 5)))
         got = grads(kernel_fn((16, 16)), x, cotangent.astype(dtype), True)
         expected = grads(dense_fn, wide, cotangent, True)
-        for name in INPUTS:
+        for name in got:
             assert got[name].dtype == dtype
             scale = float(np.abs(expected[name]).max())
             np.testing.assert_allclose(
@@ -410,7 +434,7 @@ def test_masked_gradients_with_nan_in_masked_keys(case, rng):
     cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
     got = grads(f, poisoned, cotangent, causal)
     expected = grads(functools.partial(dense_fn, **m), clean, cotangent, causal)
-    for name in INPUTS:
+    for name in got:
         assert np.isfinite(got[name]).all(), name
         np.testing.assert_allclose(got[name], expected[name], atol=1e-11, err_msg=name)
     for name in ("k", "v", "ks"):
@@ -420,12 +444,111 @@ def test_masked_gradients_with_nan_in_masked_keys(case, rng):
 
 
 # ------------------------------------------------------------------------------------------
+# The decomposed 2-D terms (MViTv2, ViTDet, SAM)
+# ------------------------------------------------------------------------------------------
+#: name -> (Lq, key grid, terms, layout, causal, tiles, grid lead, masks(rng, lq, lk)).
+GRID_FORWARD_CASES = {
+    # SAM: the decomposed terms are the only relative ones; Lq != Lk (any query grid).
+    "alone-lq<lk-no-lead": (13, (3, 7), (), "full", False, (8, 16), (), None),
+    "all-tables-causal-lq>lk": (20, (3, 6), TABLES, "full", True, (16, 8), (B, H), None),
+    "causal-layout-decode-segments-mask-(1,H)": (
+        9, (5, 5), TABLES, "causal", True, (8, 8), (1, H), lambda r, lq, lk: {
+            "query_segments": documents(r, (B, 1), lq, count=2),
+            "key_segments": documents(r, (B, 1), lk, count=2),
+            "key_mask": key_keep(r, (B, 1), lk)}),
+    "bias-kh=1-(H,)": (17, (1, 17), ("relative_bias",), "full", False, (16, 16), (H,), None),
+    "alone-kw=1-(B,1)": (7, (10, 1), (), "full", False, (8, 8), (B, 1), None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", GRID_FORWARD_CASES)
+def test_grid_forward_matches_loop_reference(case, rng):
+    lq, grid, terms, layout, causal, blocks, lead, masks = GRID_FORWARD_CASES[case]
+    lk = grid[0] * grid[1]
+    x = make_inputs(rng, lq, lk, 8, terms=terms, layout=layout, grid=grid, grid_lead=lead)
+    m = {} if masks is None else masks(rng, lq, lk)
+    inputs = {**as_jax(x, jnp.float32), **{n: jnp.asarray(a) for n, a in m.items()}}
+    out = run(inputs, causal=causal, blocks=blocks, grid_width=grid[1])
+    expected = loop_reference(**x, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
+    assert not np.asarray(out)[no_visible_key(expected)].any()
+
+
+#: name -> (Lq, key grid, terms, layout, causal, tiles, grid lead, masks(rng, lq, lk)).
+GRID_GRADIENT_CASES = {
+    "all-tables-causal-mask-(Lk,)-(H,)": (
+        14, (3, 6), TABLES, "full", True, (8, 16), (H,), lambda r, lq, lk: {
+            "key_mask": key_keep(r, (), lk)}),
+}  # fmt: skip
+
+
+@needs_x64
+@pytest.mark.parametrize("case", GRID_GRADIENT_CASES)
+def test_grid_gradients_match_dense_autodiff(case, rng):
+    """Every input's gradient, ``grid_rows`` and ``grid_cols`` in their given (broadcast)
+    shapes; NaN in the masked keys' rows."""
+    lq, grid, terms, layout, causal, blocks, lead, masks = GRID_GRADIENT_CASES[case]
+    lk = grid[0] * grid[1]
+    x = make_inputs(rng, lq, lk, 8, terms=terms, layout=layout, grid=grid, grid_lead=lead)
+    m = {} if masks is None else masks(rng, lq, lk)
+    poisoned = as_jax(with_nan_keys(x, m["key_mask"]) if m else x, jnp.float64)
+    cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
+    f = kernel_fn(blocks, grid_width=grid[1], **{n: jnp.asarray(a) for n, a in m.items()})
+    got = grads(f, poisoned, cotangent, causal)
+    expected = grads(functools.partial(dense_fn, **m), as_jax(x, jnp.float64), cotangent, causal)
+    assert set(got) == set(expected) >= {"grid_rows", "grid_cols"}
+    for name in got:
+        assert got[name].shape == x[name].shape, name
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-11, err_msg=name)
+
+
+@needs_x64
+def test_matches_relattn_decomposed(rng):
+    """``relattn.decomposed.decomposed_relative_attention`` (SAM's scores ``(q·scale)·kᵀ +
+    q·Rʸ + q·Rˣ``, MViTv2's keys pooled to a coarser grid): the kernel takes ``q·scale``
+    and the terms of ``decomposed_relative_terms``; the outputs and the gradients of
+    ``q``, ``k``, ``v`` and both tables through it."""
+    decomposed = pytest.importorskip("relattn.decomposed")
+    query_grid, key_grid, d = (3, 4), (2, 4), 8
+    lq, lk, scale = 12, 8, d**-0.5
+    inputs = [
+        rng.normal(size=(B, H, lq, d)), rng.normal(size=(B, H, lk, d)),
+        rng.normal(size=(B, H, lk, 5)),
+        rng.normal(size=(2 * 3 - 1, d)), rng.normal(size=(2 * 4 - 1, d)),  # 2·max(q, k) - 1
+    ]  # fmt: skip
+    inputs = [jnp.asarray(a, jnp.float64) for a in inputs]
+
+    def ours(q, k, v, table_h, table_w):
+        rows, cols = decomposed.decomposed_relative_terms(
+            q, table_h, table_w, query_grid=query_grid, key_grid=key_grid
+        )
+        return relative_attention_kernel(
+            q * scale, k, v, grid_rows=rows, grid_cols=cols, grid_width=key_grid[1],
+            block_q=8, block_k=8,
+        )  # fmt: skip
+
+    def theirs(q, k, v, table_h, table_w):
+        return decomposed.decomposed_relative_attention(
+            q, k, v, table_h, table_w, query_grid=query_grid, key_grid=key_grid
+        )
+
+    out, ours_vjp = jax.vjp(ours, *inputs)
+    expected_out, theirs_vjp = jax.vjp(theirs, *inputs)
+    np.testing.assert_allclose(out, expected_out, atol=1e-12)
+    cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
+    got, expected = ours_vjp(cotangent), theirs_vjp(cotangent)
+    for name, g, e in zip(("q", "k", "v", "table_h", "table_w"), got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-11, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------
 # jax.jit
 # ------------------------------------------------------------------------------------------
 @needs_x64
 def test_jit_equals_eager_and_differentiates(rng):
-    """Under ``jax.jit``, the segment ids and key mask traced arguments too."""
-    x = as_jax(make_inputs(rng, 9, 14, 8), jnp.float64)
+    """Under ``jax.jit``, the segment ids, key mask and decomposed terms traced arguments
+    too."""
+    x = as_jax(make_inputs(rng, 9, 14, 8, grid=(2, 7), grid_lead=(B, 1)), jnp.float64)
     m = {
         "query_segments": documents(rng, (B, 1), 9, count=2),
         "key_segments": documents(rng, (B, 1), 14, count=2),
@@ -434,7 +557,7 @@ def test_jit_equals_eager_and_differentiates(rng):
     masks = {n: jnp.asarray(a) for n, a in m.items()}  # fmt: skip
 
     def f(x, masks):
-        return run({**x, **masks}, causal=False, blocks=(8, 8))
+        return run({**x, **masks}, causal=False, blocks=(8, 8), grid_width=7)
 
     eager = f(x, masks)
     jitted = jax.jit(f)(x, masks)
@@ -442,7 +565,8 @@ def test_jit_equals_eager_and_differentiates(rng):
     cotangent = jnp.asarray(rng.normal(size=eager.shape))
     grad = jax.jit(jax.grad(lambda x, masks: jnp.sum(f(x, masks) * cotangent)))(x, masks)
     expected = grads(functools.partial(dense_fn, **m), x, cotangent, False)
-    for name in INPUTS:
+    assert set(grad) == set(expected) >= {"grid_rows", "grid_cols"}
+    for name in expected:
         np.testing.assert_allclose(grad[name], expected[name], atol=1e-11, err_msg=name)
 
 
@@ -503,6 +627,33 @@ BAD = {
                             r"dims, got shape \(1, 1, 1, 6\)"),
     "mask-int": (lambda r: _bad(r, key_mask=jnp.ones(6, jnp.int32)), TypeError,
                  r"key_mask must be bool \(True: the key may be seen\), got int32"),
+    # The decomposed terms: Lq = 4, a key grid of 2 × 3 (Lk = 6).
+    "grid-rows-alone": (lambda r: _bad(r, grid_rows=_zeros((4, 2))), ValueError,
+                        r"grid_rows needs grid_cols: give both or neither"),
+    "grid-cols-alone": (lambda r: _bad(r, grid_cols=_zeros((4, 3))), ValueError,
+                        r"grid_cols needs grid_rows"),
+    "grid-width-alone": (lambda r: _bad(r, grid_width=3), ValueError,
+                         r"grid_width needs grid_rows and grid_cols"),
+    "grid-width-float": (lambda r: _bad(r, grid_rows=_zeros((4, 2)), grid_cols=_zeros((4, 3)),
+                                        grid_width=3.0), TypeError,
+                         r"grid_width must be an int, got float"),
+    "grid-width-divides": (lambda r: _bad(r, grid_rows=_zeros((4, 2)), grid_cols=_zeros((4, 4)),
+                                          grid_width=4), ValueError,
+                           r"grid_width must be a width kw >= 1 of the key grid "
+                           r"\(Lk = kh·kw = 6\), got 4"),
+    "grid-rows-kh": (lambda r: _bad(r, grid_rows=_zeros((4, 3)), grid_cols=_zeros((4, 3))),
+                     ValueError, r"grid_rows must have shape \(\.\.\., Lq, kh\) = "
+                     r"\(\.\.\., 4, 2\), got shape \(4, 3\)"),
+    "grid-cols-lq": (lambda r: _bad(r, grid_rows=_zeros((4, 2)), grid_cols=_zeros((5, 3)),
+                                    grid_width=3), ValueError,
+                     r"grid_cols must have shape \(\.\.\., Lq, kw\) = \(\.\.\., 4, 3\)"),
+    "grid-lead": (lambda r: _bad(r, grid_rows=_zeros((3, 4, 2)), grid_cols=_zeros((4, 3))),
+                  ValueError, r"grid_rows's leading dims \(3,\) must broadcast to \(B, H\)"),
+    "grid-1d": (lambda r: _bad(r, grid_rows=_zeros(2), grid_cols=_zeros((4, 3))), ValueError,
+                r"grid_rows must have shape .* with at most 2 leading dims, got shape \(2,\)"),
+    "grid-dtype": (lambda r: _bad(r, grid_rows=jnp.zeros((4, 2), jnp.float64),
+                                  grid_cols=_zeros((4, 3))), TypeError,
+                   r"grid_rows must have q's dtype float32, got float64"),
 }  # fmt: skip
 
 

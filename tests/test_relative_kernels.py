@@ -18,12 +18,18 @@ from relattn.testing import Target
 pytestmark = [pytest.mark.slow]
 
 
-def _kernel(target: Target) -> str:
-    """The kernel's path name on ``target``, skipping where its library is missing."""
+def _kernel(target: Target, *, shifted: bool = True) -> str:
+    """The kernel's path name on ``target``, skipping where its library is missing, or
+    where (``shifted``: a table or per-distance term) this JAX's Pallas GPU backend cannot
+    lower the kernel's in-tile shift."""
     if target.is_torch:
         pytest.importorskip("triton")
         return "triton"
     pytest.importorskip("jax.experimental.pallas")
+    from relattn.backends import _relative
+
+    if shifted and target.gpu and not _relative._pallas_gathers():
+        pytest.skip("this JAX's Pallas GPU backend lowers no gather (the in-tile shift)")
     return "pallas"
 
 
@@ -128,6 +134,54 @@ def test_the_forced_kernels_gradients_equal_the_folds(jit_backend, case, rng):
         np.testing.assert_allclose(got[n], expected[n], rtol=5e-5, atol=5e-5, err_msg=n)
 
 
+def _sam(target: Target, rng: np.random.Generator) -> tuple:
+    """SAM's arguments at a 4 × 5 query grid over a 3 × 5 key grid (MViTv2's pooled keys)."""
+    host = {
+        "q": rng.standard_normal((1, 2, 20, 8)), "k": rng.standard_normal((1, 2, 15, 8)),
+        "v": rng.standard_normal((1, 2, 15, 6)), "table_h": rng.standard_normal((7, 8)) / 3,
+        "table_w": rng.standard_normal((9, 8)) / 3,
+    }  # fmt: skip
+    arrays = {n: target.asarray(a, "float32") for n, a in host.items()}
+    return arrays, {"query_grid": (4, 5), "key_grid": (3, 5)}
+
+
+def test_the_decomposed_terms_on_the_forced_kernel(jit_backend, rng):
+    """SAM's per-axis terms are the core's grid terms, which the kernels form in their
+    tiles: output and every gradient equal the fold's."""
+    from relattn.decomposed import decomposed_relative_attention as sam
+
+    name = _kernel(jit_backend, shifted=False)
+    arrays, grids = _sam(jit_backend, rng)
+    names = list(arrays)
+    cotangent = rng.standard_normal((1, 2, 20, 6))
+
+    def run(**options: object) -> tuple:
+        if jit_backend.is_torch:
+            import torch
+
+            leaves = {n: a.detach().clone().requires_grad_(True) for n, a in arrays.items()}
+            out = sam(*leaves.values(), **grids, **options)
+            out.backward(torch.as_tensor(cotangent, dtype=out.dtype))
+            return jit_backend.to_host(out), [jit_backend.to_host(leaves[n].grad) for n in names]
+        import jax
+
+        def loss(values: dict) -> object:
+            out = sam(*(values[n] for n in names), **grids, **options)  # pytrees sort keys
+            return (out * cotangent).sum(), out
+
+        grads, out = jax.grad(loss, has_aux=True)(arrays)
+        return jit_backend.to_host(out), [jit_backend.to_host(grads[n]) for n in names]
+
+    expected, expected_grads = run(block_size=(8, 4))
+    with relattn.config.override(path=name):
+        plan = relattn.explain(sam, *arrays.values(), **grids)
+        out, grads = run()
+    assert plan.path == name
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+    for n, got, want in zip(names, grads, expected_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5, err_msg=n)
+
+
 class _Device:
     """A stand-in for a CUDA device (``type`` as torch's devices say it)."""
 
@@ -165,6 +219,11 @@ def test_a_gpu_plan_takes_the_kernel_for_a_position_table(library, rng):
     assert plan(**tables, mask=padding).path == name
     if library == "torch":
         assert plan(relative_bias=arrays["relative_bias"]).path == "flex"
+    sam_arrays, grids = _sam(target, rng)
+    from relattn.decomposed import decomposed_relative_attention
+
+    sam = relattn.explain(decomposed_relative_attention, *sam_arrays.values(), **grids)
+    assert sam.path != name and "runs only in its interpreter" in dict(sam.refused)[name]
     on_cpu = relattn.plan.choose(
         relattn.problem.check(arrays["q"], arrays["k"], arrays["v"], **tables),
         backend, "cpu", True, False, settings,

@@ -44,12 +44,16 @@ TERMS = {
     "relative_bias": ("relative_bias",),
     "all": ("key_table", "query_table", "relative_bias"),
 }
-NAMES = ("q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias")
+NAMES = (
+    "q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias", "grid_rows",
+    "grid_cols",
+)  # fmt: skip
 MASKS = ("query_segments", "key_segments", "key_mask")
 
 
-def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0):
-    """NumPy float64 inputs: ``q, k, v`` and the arrays of ``terms`` (tables per head)."""
+def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0, grid_width=None):
+    """NumPy float64 inputs: ``q, k, v`` and the arrays of ``terms`` (tables per head; the
+    term "grid": ``grid_rows``, ``grid_cols`` of a key grid ``grid_width`` wide)."""
     rng = np.random.default_rng(seed)
     width = lk if layout == "causal" else lq + lk - 1
 
@@ -64,12 +68,18 @@ def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0):
         x["ks"], x["query_table"] = normal(batch, heads, lk, D), normal(heads, width, D)
     if "relative_bias" in terms:
         x["relative_bias"] = normal(heads, width)
+    if "grid" in terms:
+        x["grid_rows"] = normal(batch, heads, lq, lk // grid_width)
+        x["grid_cols"] = normal(batch, heads, lq, grid_width)
     return x
 
 
-def loop_reference(x, causal, query_segments=None, key_segments=None, key_mask=None):
+def loop_reference(
+    x, causal, query_segments=None, key_segments=None, key_mask=None, grid_width=None
+):
     """``out[b, h, i]`` from the formula, one pair ``(i, j)`` at a time (NumPy float64);
-    segments and the key mask ``(..., L)`` broadcast to ``(B, H, L)``."""
+    segments and the key mask ``(..., L)`` broadcast to ``(B, H, L)``, the grid terms
+    ``(..., Lq, kh)`` and ``(..., Lq, kw)`` to ``(B, H, Lq, ·)``."""
     q, k, v = x["q"], x["k"], x["v"]
     batch, heads, lq, _ = q.shape
     lk = k.shape[2]
@@ -82,6 +92,10 @@ def loop_reference(x, causal, query_segments=None, key_segments=None, key_mask=N
     kr = None if kr is None else np.broadcast_to(kr, (*lead, *kr.shape[-2:]))
     qr = None if qr is None else np.broadcast_to(qr, (*lead, *qr.shape[-2:]))
     b = None if b is None else np.broadcast_to(b, (*lead, b.shape[-1]))
+    rows, cols = (x.get(n) for n in ("grid_rows", "grid_cols"))
+    if rows is not None:
+        rows = np.broadcast_to(rows, (*lead, lq, rows.shape[-1]))
+        cols = np.broadcast_to(cols, (*lead, lq, grid_width))
     out = np.zeros((batch, heads, lq, v.shape[-1]))
     for n, h, i in np.ndindex(batch, heads, lq):
         keys, scores = [], []
@@ -100,6 +114,8 @@ def loop_reference(x, causal, query_segments=None, key_segments=None, key_mask=N
                 s += x["ks"][n, h, j] @ qr[n, h, m]
             if b is not None:
                 s += b[n, h, m]
+            if rows is not None:
+                s += rows[n, h, i, j // grid_width] + cols[n, h, i, j % grid_width]
             keys.append(j)
             scores.append(s)
         if keys:
@@ -108,7 +124,9 @@ def loop_reference(x, causal, query_segments=None, key_segments=None, key_mask=N
     return out
 
 
-def dense_reference(t, causal, query_segments=None, key_segments=None, key_mask=None):
+def dense_reference(
+    t, causal, query_segments=None, key_segments=None, key_mask=None, grid_width=None
+):
     """The same in float64 PyTorch, whole ``(Lq, Lk)`` scores, for autodiff."""
     q, k, v = t["q"], t["k"], t["v"]
     lq, lk = q.shape[2], k.shape[2]
@@ -128,6 +146,9 @@ def dense_reference(t, causal, query_segments=None, key_segments=None, key_mask=
     if t.get("relative_bias") is not None:
         b = t["relative_bias"]
         s = s + b.expand(*lead, b.shape[-1])[..., m.clamp(max=b.shape[-1] - 1)]
+    if t.get("grid_rows") is not None:
+        j = torch.arange(lk)
+        s = s + t["grid_rows"][..., j // grid_width] + t["grid_cols"][..., j % grid_width]
     visible = torch.ones(lq, lk, dtype=torch.bool)
     if causal:
         visible = m - (lk - 1) <= 0
@@ -142,8 +163,9 @@ def dense_reference(t, causal, query_segments=None, key_segments=None, key_mask=
 
 
 def run_kernel(t, causal, **kwargs):
-    """The kernel on the arrays of ``t`` (segments and key mask included, if there)."""
-    masks = {n: t[n] for n in MASKS if n in t}
+    """The kernel on the arrays of ``t`` (segments, key mask, grid terms and their
+    ``grid_width`` included, if there)."""
+    masks = {n: t[n] for n in (*MASKS, "grid_rows", "grid_cols", "grid_width") if n in t}
     return relative_attention_kernel(
         t["q"], t["k"], t["v"], qp=t.get("qp"), key_table=t.get("key_table"), ks=t.get("ks"),
         query_table=t.get("query_table"), relative_bias=t.get("relative_bias"),
@@ -157,7 +179,8 @@ def tensors(x, dtype):
 
 def check_gradients(x, causal, dtype, tol, masks=None):
     """Forward and every input's gradient of the kernel in ``dtype`` against the dense
-    float64 reference at the same (rounded) inputs; ``masks``: segments and key mask."""
+    float64 reference at the same (rounded) inputs; ``masks``: segments, key mask and
+    ``grid_width``."""
     masks = masks or {}
     got = tensors(x, dtype)
     want = {n: a.detach().double().requires_grad_() for n, a in got.items()}
@@ -219,9 +242,11 @@ def test_zero_rows():
     ("dtype", "tol"), [(torch.bfloat16, 2e-2), (torch.float16, 5e-3), (torch.float64, 1e-10)]
 )
 def test_dtypes(dtype, tol):
-    """bfloat16 runs in float32 in the interpreter (no bfloat16 tl.dot there)."""
+    """bfloat16 runs in float32 in the interpreter (no bfloat16 tl.dot there). With the
+    grid terms of a key grid 1 wide (kh = Lk = 13)."""
     lq, lk, causal, layout = CASES["zero-rows"]
-    check_gradients(make_inputs(lq, lk, layout, TERMS["all"]), causal, dtype, tol)
+    x = make_inputs(lq, lk, layout, (*TERMS["all"], "grid"), grid_width=1)
+    check_gradients(x, causal, dtype, tol, {"grid_width": 1})
 
 
 def test_tile_shapes():
@@ -382,7 +407,7 @@ def test_masked_keys_never_read(causal):
     grad = torch.randn(
         expected.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
     )
-    names = list(NAMES)
+    names = [n for n in NAMES if n in got]
     grads = torch.autograd.grad(out, [got[n] for n in names], grad.float())
     expected_grads = torch.autograd.grad(expected, [want[n] for n in names], grad)
     for name, g, e in zip(names, grads, expected_grads, strict=True):
@@ -415,7 +440,7 @@ def test_rows_without_visible_keys():
     out = run_kernel(t, False, block_q=16, block_k=16, **masks)
     assert not out[0].any() and not out[1, 0, 9].any() and out[1, 0, 8].all()
     out.backward(torch.ones_like(out))
-    for name in NAMES:
+    for name in t:
         assert torch.isfinite(t[name].grad).all(), name
     for name in ("q", "qp"):
         assert not t[name].grad[0].any() and not t[name].grad[1, 0, 9].any(), name
@@ -439,6 +464,93 @@ def test_broadcast_segments_and_mask():
     }
     assert masks["key_segments"].stride()[1] == 0 and key_mask.stride()[-1] == 2
     check_gradients(x, False, torch.float64, 1e-10, masks)
+
+
+#: (Lq, Lk, causal, layout, grid_width, terms, masks): the decomposed 2-D terms of a key grid
+#: ``Lk / grid_width`` rows by ``grid_width`` columns, alone or with the others.
+GRID_CASES = {
+    "alone": (20, 20, False, "full", 5, ("grid",), None),
+    "all-terms-tall-grid": (9, 34, False, "full", 2, (*TERMS["all"], "grid"), None),
+    "causal": (13, 36, True, "causal", 4, (*TERMS["all"], "grid"), None),
+    "causal-zero-rows-key-mask": (30, 12, True, "full", 3, ("relative_bias", "grid"), "key_mask"),
+    "segments-and-key-mask": (20, 24, False, "full", 8, (*TERMS["all"], "grid"), "both"),
+}
+
+
+@pytest.mark.parametrize("case", GRID_CASES)
+def test_grid_terms(case):
+    """``grid_rows[i, j // kw] + grid_cols[i, j % kw]``: the loop reference's forward, the
+    dense reference's gradients of every input (grid_rows and grid_cols included)."""
+    lq, lk, causal, layout, width, terms, which = GRID_CASES[case]
+    x = make_inputs(lq, lk, layout, terms, grid_width=width)
+    masks = make_masks(lq, lk, which) if which else {}
+    t = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in masks.items()}
+    out = run_kernel(
+        tensors(x, torch.float32), causal, block_q=16, block_k=16, grid_width=width, **t
+    )
+    expected = loop_reference(x, causal, grid_width=width, **masks)
+    np.testing.assert_allclose(out.detach().double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    check_gradients(x, causal, torch.float32, 1e-5, {**t, "grid_width": width})
+
+
+def test_grid_broadcast_and_strided():
+    """grid_rows given as (Lq, kh), grid_cols as a transposed (H, kw, Lq) array viewed as
+    (H, Lq, kw): gradients in the given shapes, summed over (B, H) (float64)."""
+    lq, lk, width = 20, 18, 6
+    x = make_inputs(lq, lk, "full", ("key_table",), batch=1, heads=2)
+    t = tensors(x, torch.float64)
+    rng = np.random.default_rng(5)
+    rows = torch.tensor(rng.standard_normal((lq, lk // width)), requires_grad=True)
+    cols = torch.tensor(rng.standard_normal((2, width, lq)), requires_grad=True)
+    inputs = {**t, "grid_rows": rows, "grid_cols": cols.transpose(1, 2)}
+    assert inputs["grid_cols"].stride()[-1] == lq
+    out = run_kernel(inputs, False, block_q=16, block_k=16, grid_width=width)
+    expected = dense_reference(inputs, False, grid_width=width)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    default_tiles = run_kernel(inputs, False, grid_width=width)  # 32 rows (float64, d = 24)
+    torch.testing.assert_close(default_tiles, expected, rtol=1e-10, atol=1e-10)
+    leaves = (t["q"], t["qp"], t["key_table"], rows, cols)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    for leaf, g, e in zip(leaves, grads, expected_grads, strict=True):
+        assert g.shape == leaf.shape
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("query_grid", "key_grid"), [((4, 5), None), ((4, 5), (3, 6))], ids=["same", "pooled-keys"]
+)
+def test_grid_against_decomposed(query_grid, key_grid):
+    """relattn.decomposed.decomposed_relative_attention (SAM / MViTv2): scores
+    (q·scale)·kᵀ + q·Rʸ + q·Rˣ; the kernel takes q·scale and the terms of
+    decomposed_relative_terms. Output and gradients w.r.t. q, k, v and both tables
+    (through the terms' autodiff), float64; tables of another width are resized."""
+    from relattn.decomposed import decomposed_relative_attention, decomposed_relative_terms
+
+    kh, kw = key_grid or query_grid
+    lq, lk = math.prod(query_grid), kh * kw
+    rng = np.random.default_rng(4)
+
+    def leaf(*shape):
+        return torch.tensor(0.5 * rng.standard_normal(shape), requires_grad=True)
+
+    q, k, v = leaf(2, 1, lq, D), leaf(2, 1, lk, D), leaf(2, 1, lk, DV)
+    table_h, table_w = leaf(7, D), leaf(2 * max(query_grid[1], kw) - 1, D)
+    leaves = (q, k, v, table_h, table_w)
+    expected = decomposed_relative_attention(
+        q, k, v, table_h, table_w, query_grid=query_grid, key_grid=key_grid
+    )
+    rows, cols = decomposed_relative_terms(q, table_h, table_w, query_grid, key_grid)
+    assert rows.shape == (2, 1, lq, kh) and cols.shape == (2, 1, lq, kw)
+    out = relative_attention_kernel(
+        q / math.sqrt(D), k, v, grid_rows=rows, grid_cols=cols, grid_width=kw,
+        block_q=16, block_k=16,
+    )  # fmt: skip
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_grads = torch.autograd.grad(expected.sum(), leaves)
+    for g, e in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
 
 
 def test_builds():
@@ -465,7 +577,7 @@ def test_builds():
 def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
     """The GPU build through Triton's whole NVIDIA pipeline (ptxas included), without a GPU:
     every term, causal, tiles of 16, the launch's own constexprs and options; with
-    segments and a key mask (the skipped tiles' branch) or without."""
+    segments, a key mask (the skipped tiles' branch) and the grid terms, or without."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -474,12 +586,15 @@ def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
     config = _Config(causal=True, block_q=16, block_k=16, interpret=False)
     segments = torch.zeros(2, 1, 7, dtype=torch.int64) if masks else None
     key_mask = torch.ones(2, 1, 7, dtype=torch.bool) if masks else None
+    rows = torch.zeros(2, 1, 5, 1, dtype=dtype) if masks else None
+    cols = torch.zeros(2, 1, 5, 7, dtype=dtype) if masks else None
     _, meta = _inputs(
         t["q"], t["k"], t["v"], t["qp"], t["ks"], t["key_table"].expand(2, 1, 11, D),
-        t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11),
+        t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11), rows, cols,
         None if segments is None else segments[:, :, :5], segments, key_mask, config,
     )  # fmt: skip
     assert meta["HAS_SEG"] is masks and meta["HAS_MASK"] is masks
+    assert meta["HAS_GRID"] is masks
     options = {
         "num_stages": meta.pop("num_stages"),
         "enable_fp_fusion": meta.pop("enable_fp_fusion"),
@@ -579,6 +694,55 @@ BAD = {
     ),
     "mask-not-a-tensor": (
         {"key_mask": np.ones(7, dtype=bool)}, TypeError, r"key_mask must be a torch.Tensor"
+    ),
+    "grid-rows-alone": (
+        {"grid_rows": zeros(5, 1), "grid_width": 7}, ValueError,
+        r"grid_rows is given without grid_cols: give both or neither",
+    ),
+    "grid-cols-alone": ({"grid_cols": zeros(5, 7)}, ValueError, r"grid_cols is given without"),
+    "grid-width-missing": (
+        {"grid_rows": zeros(5, 1), "grid_cols": zeros(5, 7)}, ValueError,
+        r"grid_rows and grid_cols need grid_width",
+    ),
+    "grid-width-alone": (
+        {"grid_width": 7}, ValueError, r"grid_width is given without grid_rows and grid_cols"
+    ),
+    "grid-width-float": (
+        {"grid_rows": zeros(5, 1), "grid_cols": zeros(5, 7), "grid_width": 7.0}, TypeError,
+        r"grid_width must be an int, got float",
+    ),
+    "grid-width-divisor": (
+        {"grid_rows": zeros(5, 1), "grid_cols": zeros(5, 7), "grid_width": 2}, ValueError,
+        r"grid_width must divide Lk = 7 \(kw of a kh × kw key grid\), got 2",
+    ),
+    "grid-rows-kh": (
+        {"grid_rows": zeros(5, 7), "grid_cols": zeros(5, 7), "grid_width": 7}, ValueError,
+        r"grid_rows must have shape \(\.\.\., Lq, kh\) = \(\.\.\., 5, 1\), .*got \(5, 7\)",
+    ),
+    "grid-cols-lq": (
+        {"grid_rows": zeros(5, 1), "grid_cols": zeros(6, 7), "grid_width": 7}, ValueError,
+        r"grid_cols must have shape \(\.\.\., Lq, kw\) = \(\.\.\., 5, 7\)",
+    ),
+    "grid-dims": (
+        {"grid_rows": zeros(1, 2, 1, 5, 1), "grid_cols": zeros(5, 7), "grid_width": 7},
+        ValueError, r"grid_rows must have shape",
+    ),
+    "grid-heads": (
+        {"grid_rows": zeros(3, 5, 1), "grid_cols": zeros(5, 7), "grid_width": 7}, ValueError,
+        r"grid_rows's leading dims \(3,\) do not broadcast to \(B, H\) = \(2, 1\)",
+    ),
+    "grid-dtype": (
+        {"grid_rows": zeros(5, 1), "grid_cols": zeros(5, 7, dtype=torch.float64),
+         "grid_width": 7}, TypeError, r"grid_cols must have q's dtype torch.float32",
+    ),
+    "grid-not-a-tensor": (
+        {"grid_rows": np.zeros((5, 1)), "grid_cols": zeros(5, 7), "grid_width": 7}, TypeError,
+        r"grid_rows must be a torch.Tensor",
+    ),
+    "grid-too-large": (
+        {"k": zeros(2, 1, 514, D), "v": zeros(2, 1, 514, DV), "ks": zeros(2, 1, 514, D),
+         "grid_rows": zeros(5, 257), "grid_cols": zeros(5, 2), "grid_width": 2}, ValueError,
+        r"grid_width = 2 gives a key grid kh × kw = 257 × 2: the kernel takes kh, kw <= 256",
     ),
 }  # fmt: skip
 

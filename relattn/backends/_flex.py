@@ -71,6 +71,8 @@ def refusal(p: Any, *, compiled: bool = True) -> str | None:
         return "a position-to-content table (DeBERTa) is a product k·Qʳ[δ], not a score_mod term"
     if p.value_table is not None:
         return "a value table (Shaw) adds to the output, which FlexAttention does not express"
+    if p.grid_rows is not None:
+        return "the decomposed 2-D terms (SAM) are not among relattn's score_mod terms"
     arrays = [a for a in p.arrays() if a is not None]
     if is_dtensor(*arrays):
         return "a DTensor: FlexAttention takes plain tensors"

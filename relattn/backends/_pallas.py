@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -51,6 +52,8 @@ class _Inputs(NamedTuple):
     ks: Any  # (B, H, Lk', dp), with query_table
     query_table: Any  # (B or 1, H or 1, T, dp)
     relative_bias: Any  # (B or 1, H or 1, T)
+    grid_rows: Any  # (B or 1, H or 1, Lq', KHp), with grid_cols: q_i·Rʸ per key-grid row
+    grid_cols: Any  # (B or 1, H or 1, Lq', KWp): q_i·Rˣ per key-grid column
     query_segments: Any  # (B or 1, H or 1, Lq'), int32 or int64, with key_segments
     key_segments: Any  # (B or 1, H or 1, Lk')
     key_mask: Any  # (B or 1, H or 1, Lk'), int32: 1 where the key may be seen, 0 padded
@@ -71,6 +74,8 @@ class _Config:
     interpret: bool
     #: Per :class:`_Inputs` field, whether it is given (its ref is in the kernels' operands).
     present: tuple[bool, ...]
+    #: ``kw``, the key grid's width, with ``grid_rows`` and ``grid_cols`` (0 without).
+    grid_width: int = 0
 
     @property
     def has_key_table(self) -> bool:
@@ -83,6 +88,10 @@ class _Config:
     @property
     def has_bias(self) -> bool:
         return self.present[_Inputs._fields.index("relative_bias")]
+
+    @property
+    def has_grid(self) -> bool:
+        return self.present[_Inputs._fields.index("grid_rows")]
 
     @property
     def block_t(self) -> int:
@@ -190,6 +199,8 @@ class _Rows(NamedTuple):
     q: Any
     qp: Any
     segments: Any
+    grid_rows: Any = None
+    grid_cols: Any = None
     do: Any = None
     lse: Any = None
     delta: Any = None
@@ -207,10 +218,13 @@ class _Cols(NamedTuple):
 
 
 class _Windows(NamedTuple):
-    """A tile pair's window of each table, ``(win, dp)``, ``None`` where absent."""
+    """A tile pair's window of each table, ``(win, dp)``, and the key tile's one-hots of its
+    key-grid rows ``(KHp, bn)`` and columns ``(KWp, bn)``; ``None`` where absent."""
 
     key_table: Any
     query_table: Any
+    grid_rows: Any = None
+    grid_cols: Any = None
 
 
 def _at(ref: Any, index: Any = None) -> Any:
@@ -226,7 +240,10 @@ def _at(ref: Any, index: Any = None) -> Any:
 def _rows(x: _Inputs, index: Any = None, stats: tuple[Any, ...] | None = None) -> _Rows:
     """The query tile ``index`` of the operand refs ``x`` (and of the backward's ``stats``
     refs ``dO``, logsumexp, ``D``)."""
-    rows = _Rows(_at(x.q, index), _at(x.qp, index), _at(x.query_segments, index))
+    rows = _Rows(
+        _at(x.q, index), _at(x.qp, index), _at(x.query_segments, index),
+        _at(x.grid_rows, index), _at(x.grid_cols, index),
+    )  # fmt: skip
     if stats is None:
         return rows
     do, lse, delta = (_at(ref, index) for ref in stats)
@@ -250,16 +267,38 @@ def _cols(x: _Inputs, index: Any = None) -> _Cols:
     return _Cols(k, v, ks, _at(x.key_segments, index), keep)
 
 
+def _grid_onehots(cfg: _Config, j0: Any, rows: _Rows, bn: int, acc: Any) -> tuple[Any, Any]:
+    """The one-hots of keys ``j = j0 + [0, bn)`` on the ``kh × kw`` key grid:
+    ``(KHp, bn)`` with ``[a == j // kw]`` and ``(KWp, bn)`` with ``[b == j % kw]``.
+
+    Products with them stand in for gathers (no gather in Pallas's Triton lowering): the
+    decomposed term is ``grid_rows @ rows_onehot + grid_cols @ cols_onehot``, and its
+    gradient ``dS @ onehotᵀ``. A padded key's row may be ``>= KHp``: an all-zero column
+    (the key is masked anyway).
+    """
+    kh_pad, kw_pad = rows.grid_rows.shape[-1], rows.grid_cols.shape[-1]
+    kw = cfg.grid_width
+    j = j0 + _iota((kh_pad, bn), 1)
+    row = lax.div(j, jnp.full_like(j, kw))  # j >= 0: truncation is floor
+    rows_onehot = (_iota((kh_pad, bn), 0) == row).astype(acc)
+    j = j0 + _iota((kw_pad, bn), 1)
+    col = j - lax.div(j, jnp.full_like(j, kw)) * kw
+    cols_onehot = (_iota((kw_pad, bn), 0) == col).astype(acc)
+    return rows_onehot, cols_onehot
+
+
 def _scores(
     cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, x: _Inputs
 ) -> tuple[Any, _Windows]:
     """The scores of queries ``i0 + [0, bm)`` against keys ``j0 + [0, bn)``, ``-inf`` where
     the pair is not visible.
 
-    ``s[r, c] = q·k + qp·Kʳ[m] + ks·Qʳ[m] + b[m]`` with ``m = j - i + Lq - 1`` (Dai et al.
-    2019, eq. (3); He et al. 2021, eq. (2)-(4)), each term over the pair's window of the
-    table refs in ``x``. Visible: a true key (``j < Lk``), with ``causal`` ``δ <= 0``, with
-    segments the query's document, with a key mask an unmasked key.
+    ``s[r, c] = q·k + qp·Kʳ[m] + ks·Qʳ[m] + b[m] + grid_rows[i, j // kw] + grid_cols[i, j %
+    kw]`` with ``m = j - i + Lq - 1`` (Dai et al. 2019, eq. (3); He et al. 2021, eq.
+    (2)-(4); Li et al. 2022, eq. (4)), each table term over the pair's window of the table
+    refs in ``x``, the decomposed term by one-hot products. Visible: a true key (``j <
+    Lk``), with ``causal`` ``δ <= 0``, with segments the query's document, with a key mask
+    an unmasked key.
     """
     q, qp, k, ks = rows.q, rows.qp, cols.k, cols.ks
     bm, bn = q.shape[0], k.shape[0]
@@ -279,6 +318,13 @@ def _scores(
     if x.relative_bias is not None:
         values = x.relative_bias[pl.ds(start, win)].astype(acc)
         s += _shift_rows(jnp.broadcast_to(values[None, :], (bm, win)), bn)
+    grid_rows = grid_cols = None
+    if rows.grid_rows is not None:
+        # (bm, KHp) @ (KHp, bn) + (bm, KWp) @ (KWp, bn): each cell picks its key's row and
+        # column of the decomposed terms, exactly (one nonzero product per cell).
+        grid_rows, grid_cols = _grid_onehots(cfg, j0, rows, bn, acc)
+        s += _dot(rows.grid_rows.astype(acc), grid_rows, (1, 0), acc)
+        s += _dot(rows.grid_cols.astype(acc), grid_cols, (1, 0), acc)
     i = i0 + _iota((bm, bn), 0)
     j = j0 + _iota((bm, bn), 1)
     # Padded keys are masked; padded query rows are computed and sliced off by the wrapper
@@ -291,7 +337,8 @@ def _scores(
     if cols.keep is not None:
         visible &= cols.keep[None, :]
     # A select, not arithmetic: whatever a masked cell's score is, it is -inf.
-    return jnp.where(visible, s, -jnp.inf), _Windows(key_window, query_window)
+    windows = _Windows(key_window, query_window, grid_rows, grid_cols)
+    return jnp.where(visible, s, -jnp.inf), windows
 
 
 def _div(x: Any, n: int) -> Any:
@@ -381,31 +428,43 @@ def _backward_tile(
 
 
 def _dq_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
-    """``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]`` for one query tile."""
+    """``dq = dS k``, ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]`` and the decomposed terms' gradients
+    ``d grid_rows[i, a] = Σ_{j // kw = a} dS_ij``, ``d grid_cols[i, b] = Σ_{j % kw = b}
+    dS_ij`` for one query tile (the program that owns the rows: no atomics)."""
     x = _split(cfg, refs[:n_in])
     stats = refs[n_in : n_in + 3]
-    dq_ref, *dqp_ref = refs[n_in + 3 :]
+    dq_ref, *out_refs = refs[n_in + 3 :]
     bm, bn = cfg.block_q, cfg.block_k
     i0 = pl.program_id(1) * bm
     rows = _rows(x, None, stats)
     dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
     win = _window(bm, bn)
 
-    def step(t: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
-        dq, dqp = carry
+    def step(t: Any, carry: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
+        dq, dqp, d_rows, d_cols = carry
         cols = _cols(x, pl.ds(t * bn, bn))
         _, ds, windows = _backward_tile(cfg, i0, t * bn, rows, cols, x)
         dq += _dot(ds.astype(dtype), cols.k, (1, 0), acc)
         if cfg.has_key_table:
             # dS back in the window layout, then against the window: Σ_j dS_ij Kʳ[m(i, j)].
             dqp += _dot(_unshift_rows(ds, win).astype(dtype), windows.key_table, (1, 0), acc)
-        return dq, dqp
+        if cfg.has_grid:
+            # dS (bm, bn) @ onehotᵀ (bn, KHp): each key's dS to its grid row (column).
+            d_rows += _dot(ds, windows.grid_rows, (1, 1), acc)
+            d_cols += _dot(ds, windows.grid_cols, (1, 1), acc)
+        return dq, dqp, d_rows, d_cols
 
-    start = (_zeros(True, x.q.shape, acc), _zeros(cfg.has_key_table, x.q.shape, acc))
-    dq, dqp = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
+    start = (
+        _zeros(True, x.q.shape, acc), _zeros(cfg.has_key_table, x.q.shape, acc),
+        _zeros(cfg.has_grid, rows.grid_rows.shape if cfg.has_grid else (), acc),
+        _zeros(cfg.has_grid, rows.grid_cols.shape if cfg.has_grid else (), acc),
+    )  # fmt: skip
+    dq, *rest = lax.fori_loop(0, _key_tiles_end(cfg, i0, bm, bn), step, start)
     dq_ref[...] = dq.astype(dtype)
-    if dqp_ref:
-        dqp_ref[0][...] = dqp.astype(dtype)
+    # dqp in q's dtype; the grid gradients in the accumulator's (summed over broadcast
+    # leading dims outside, then cast).
+    for out_ref, value in zip(out_refs, (r for r in rest if r is not None), strict=True):
+        out_ref[...] = value.astype(out_ref.dtype)
 
 
 def _dkv_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
@@ -511,7 +570,7 @@ def _block(cfg: _Config, x: Any, rows: int | None = None) -> pl.BlockSpec:
 
 
 #: The :class:`_Inputs` fields along the queries' and along the keys' axis.
-QUERY_SIDE = ("q", "qp", "query_segments")
+QUERY_SIDE = ("q", "qp", "query_segments", "grid_rows", "grid_cols")
 KEY_SIDE = ("k", "v", "ks", "key_segments", "key_mask")
 
 
@@ -569,10 +628,16 @@ def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Input
 
     operands = _tiled(x, bm, None)
     grads = [((batch, heads, lq_pad, dp), dtype, bm)] * (1 + cfg.has_key_table)
-    dq, *dqp = _call(
+    grid_tables = [x.grid_rows, x.grid_cols] if cfg.has_grid else []
+    grads += [((batch, heads, lq_pad, t.shape[-1]), acc, bm) for t in grid_tables]
+    dq, *rest_q = _call(
         cfg, _dq_kernel, (grid, lq_pad // bm), [*operands, (dout, bm), (lse, bm), (delta, bm)],
         grads, len(operands), "relattn_relative_attention_dq",
     )  # fmt: skip
+    dqp = rest_q[: cfg.has_key_table]
+    d_grid = [
+        _unbroadcast(g, t) for g, t in zip(rest_q[cfg.has_key_table :], grid_tables, strict=True)
+    ]
 
     operands = _tiled(x, None, bn)
     stats = [(dout, None), (lse, None), (delta, None)]
@@ -597,12 +662,21 @@ def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Input
         table_grads = [_overlap_add(w, t, bt) for w, t in zip(windows, tables, strict=True)]
     rest = iter(table_grads)
     return _Inputs(
-        dq, dk, dv,
-        dqp[0] if dqp else None, next(rest) if cfg.has_key_table else None,
-        dks[0] if dks else None, next(rest) if cfg.has_query_table else None,
-        next(rest) if cfg.has_bias else None,
-        None, None, None,  # the segment ids and the key mask: integers, no cotangent
+        q=dq, k=dk, v=dv,
+        qp=dqp[0] if dqp else None, key_table=next(rest) if cfg.has_key_table else None,
+        ks=dks[0] if dks else None, query_table=next(rest) if cfg.has_query_table else None,
+        relative_bias=next(rest) if cfg.has_bias else None,
+        grid_rows=d_grid[0] if d_grid else None, grid_cols=d_grid[1] if d_grid else None,
+        # The segment ids and the key mask: integers, no cotangent.
+        query_segments=None, key_segments=None, key_mask=None,
     )  # fmt: skip
+
+
+def _unbroadcast(grad: Any, like: Any) -> Any:
+    """``grad (B, H, ...)`` summed over the leading dims ``like`` broadcasts (size 1), in
+    ``like``'s dtype."""
+    broadcast = tuple(axis for axis in (0, 1) if like.shape[axis] == 1)
+    return jnp.sum(grad, axis=broadcast, keepdims=True).astype(like.dtype)
 
 
 def _overlap_add(windows: Any, table: Any, bt: int) -> Any:
@@ -623,8 +697,7 @@ def _overlap_add(windows: Any, table: Any, bt: int) -> Any:
     total = jnp.pad(first, [(0, 0), (0, 0), (0, after), *features]) + jnp.pad(
         second, [(0, 0), (0, 0), (bt, after - bt), *features]
     )
-    broadcast = tuple(axis for axis in (0, 1) if table.shape[axis] == 1)
-    return jnp.sum(total, axis=broadcast, keepdims=True).astype(table.dtype)
+    return _unbroadcast(total, table)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -726,6 +799,48 @@ def _segment_ids(query_segments: Any, key_segments: Any) -> tuple[Any, Any]:
     return a.astype(signed), b.astype(signed)
 
 
+def _check_grid(
+    given: dict[str, Any], grid_width: Any, lq: int, lk: int, batch: int, heads: int
+) -> tuple[dict[str, Any], int]:
+    """The decomposed terms ``grid_rows``, ``grid_cols`` (in ``given`` where given) with
+    their leading dims made ``(B or 1, H or 1)``, and ``kw`` (0 without them), after the
+    checks."""
+    if ("grid_rows" in given) != ("grid_cols" in given):
+        have, lack = (
+            ("grid_rows", "grid_cols") if "grid_rows" in given else ("grid_cols", "grid_rows")
+        )
+        raise ValueError(f"{have} needs {lack}: give both or neither")
+    if "grid_rows" not in given:
+        if grid_width is not None:
+            raise ValueError("grid_width needs grid_rows and grid_cols")
+        return {}, 0
+    rows, cols = given["grid_rows"], given["grid_cols"]
+    if grid_width is None:
+        if cols.ndim < 2:
+            raise _shape_error("grid_cols", "(..., Lq, kw) with at most 2 leading dims", cols)
+        grid_width = cols.shape[-1]
+    if not isinstance(grid_width, numbers.Integral) or isinstance(grid_width, bool):
+        raise TypeError(f"grid_width must be an int, got {type(grid_width).__name__}")
+    grid_width = int(grid_width)
+    if grid_width < 1 or lk % grid_width:
+        raise ValueError(
+            f"grid_width must be a width kw >= 1 of the key grid (Lk = kh·kw = {lk}), "
+            f"got {grid_width}"
+        )
+    kh = lk // grid_width
+    grid = {}
+    for name, x, size, axis in (
+        ("grid_rows", rows, kh, "kh"),
+        ("grid_cols", cols, grid_width, "kw"),
+    ):
+        expected = f"(..., Lq, {axis}) = (..., {lq}, {size})"
+        shaped = _leading(name, x, 2, expected, batch, heads)
+        if shaped.shape[2:] != (lq, size):
+            raise _shape_error(name, expected, x)
+        grid[name] = shaped
+    return grid, grid_width
+
+
 def _check_block(name: str, block: Any, length: int, minimum: int) -> int:
     if block is None:
         return max(minimum, min(DEFAULT_TILE, pl.next_power_of_2(length)))
@@ -760,6 +875,9 @@ def relative_attention_kernel(
     query_segments: Any = None,
     key_segments: Any = None,
     key_mask: Any = None,
+    grid_rows: Any = None,
+    grid_cols: Any = None,
+    grid_width: int | None = None,
     causal: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -796,6 +914,17 @@ def relative_attention_kernel(
         ``True`` where the key may be seen (key padding, a cache's unfilled slots); leading
         dims as for the segments. A masked key's ``k``, ``v`` and ``ks`` rows never reach
         the output or a gradient, even where they are NaN or infinite.
+    grid_rows, grid_cols : jax.Array of shape (..., Lq, kh) and (..., Lq, kw), optional
+        The decomposed 2-D relative terms of MViTv2 / ViTDet / SAM for keys on a ``kh × kw``
+        grid flattened row-major (``Lk = kh·kw``, key ``j`` at row ``j // kw``, column
+        ``j % kw``): adds ``grid_rows[i, j // kw] + grid_cols[i, j % kw]`` (``q_i·Rʸ[Δy]``
+        and ``q_i·Rˣ[Δx]``, formed outside, e.g. by
+        :func:`relattn.decomposed.decomposed_relative_terms`). Both or neither; q's dtype;
+        leading dims as for the tables; gradients come back in the given shapes. The
+        queries need not lie on a grid (nor on the keys').
+    grid_width : int, optional
+        ``kw``, the key grid's width; by default ``grid_cols.shape[-1]``. Only with the grid
+        terms.
     causal : bool, optional
         Mask keys with ``δ = j - i - (Lk - Lq) > 0``.
     block_q, block_k : int, optional
@@ -810,7 +939,8 @@ def relative_attention_kernel(
     -------
     jax.Array of shape (B, H, Lq, d_v), dtype of ``q``
         ``softmax_j(s_ij) v`` over the visible keys, ``s_ij = q_i·k_j + qp_i·Kʳ[m] +
-        ks_j·Qʳ[m] + b[m]`` (each term where given); key ``j`` is visible to query ``i``
+        ks_j·Qʳ[m] + b[m] + grid_rows[i, j // kw] + grid_cols[i, j % kw]`` (each term where
+        given); key ``j`` is visible to query ``i``
         where the causal rule, the segments and the key mask all allow it. A query that
         sees no key (``causal`` with ``Lq > Lk``: the first ``Lq - Lk``; a document whose
         keys are all masked) gives a zero row, with zero gradients.
@@ -825,12 +955,15 @@ def relative_attention_kernel(
         with ``causal``, ``Lk``, its leading dims do not broadcast to ``(B, H)``, its
         feature size differs from ``d``, only one of ``query_segments`` and
         ``key_segments`` is given, the segments or ``key_mask`` do not end in ``Lq``
-        (``Lk``) or their leading dims do not broadcast to ``(B, H)``, or a tile size is
-        not a power of two at least its minimum.
+        (``Lk``) or their leading dims do not broadcast to ``(B, H)``, only one of
+        ``grid_rows`` and ``grid_cols`` is given (or ``grid_width`` without them),
+        ``grid_width`` is below 1 or does not divide ``Lk``, the grid terms are not
+        ``(..., Lq, Lk // kw)`` and ``(..., Lq, kw)`` with leading dims broadcasting to
+        ``(B, H)``, or a tile size is not a power of two at least its minimum.
     TypeError
         If the arrays' dtypes differ or are not float16, bfloat16, float32 or float64,
         the segments are not integers or ``key_mask`` not bool, ``causal`` or
-        ``interpret`` is not a bool, or a tile size is not an int.
+        ``interpret`` is not a bool, or a tile size or ``grid_width`` is not an int.
 
     Notes
     -----
@@ -851,14 +984,20 @@ def relative_attention_kernel(
     two, at least 16. Segments and the key mask are per-cell selects of the scores to
     ``-inf``; the masked keys' rows of ``k``, ``v``, ``ks`` are zeroed in each tile before
     its products (``0 · NaN`` is NaN). Every key tile is still visited (no tile skipping
-    by segment ranges).
+    by segment ranges). The decomposed term of a tile pair is two products with one-hots of
+    its keys' grid rows and columns, ``grid_rows (bm, KHp) @ onehot(j // kw) (KHp, bn)``
+    (Pallas's Triton lowering has no gather), its gradient ``dS @ onehotᵀ`` accumulated
+    by the program that owns the query rows; no ``(Lq, Lk)`` array. ``kh`` and ``kw`` are
+    padded to powers of two, at least 16. As a product, a NaN or infinity anywhere in a
+    query's row of ``grid_rows`` (``grid_cols``) reaches all of that query's scores.
 
     The compiled (GPU) kernels are unverified: jax 0.10.2's Pallas Triton lowering has
-    no rule for the gather of the in-tile shift.
+    no rule for the gather of the in-tile shift (the decomposed term needs none).
     """
     arrays = {
         "q": q, "k": k, "v": v, "qp": qp, "key_table": key_table, "ks": ks,
-        "query_table": query_table, "relative_bias": relative_bias,
+        "query_table": query_table, "relative_bias": relative_bias, "grid_rows": grid_rows,
+        "grid_cols": grid_cols,
     }  # fmt: skip
     given = {name: jnp.asarray(a) for name, a in arrays.items() if a is not None}
     if not isinstance(causal, bool):
@@ -917,6 +1056,7 @@ def relative_attention_kernel(
         # int32 in the kernels (Triton's loads of bools are bytes); padded keys get 0.
         key_mask = _check_per_row("key_mask", key_mask, "Lk", lk, batch, heads, "bool")
         key_mask = key_mask.astype(jnp.int32)
+    grid, grid_width = _check_grid(given, grid_width, lq, lk, batch, heads)
     minimum = MIN_TILE if interpret else MIN_TILE_COMPILED
     bm = _check_block("block_q", block_q, lq, minimum)
     bn = _check_block("block_k", block_k, lk, minimum)
@@ -936,16 +1076,26 @@ def relative_attention_kernel(
         rows = (front, total - front - t.shape[2])
         return _pad(t, rows, dp if name != "relative_bias" else None)
 
+    def grid_term(name: str) -> Any:
+        # Padded query rows and grid rows (columns) of zeros; kh, kw to a power of two >= 16.
+        if name not in grid:
+            return None
+        t = grid[name]
+        return _pad(t, (0, lq_pad - lq), max(MIN_TILE_COMPILED, pl.next_power_of_2(t.shape[-1])))
+
     x = _Inputs(
-        _pad(q, (0, lq_pad - lq), dp), _pad(k, (0, lk_pad - lk), dp),
-        _pad(v, (0, lk_pad - lk), dvp), _pad(given.get("qp"), (0, lq_pad - lq), dp),
-        table_rows("key_table"), _pad(given.get("ks"), (0, lk_pad - lk), dp),
-        table_rows("query_table"), table_rows("relative_bias"),
-        _pad(query_segments, (0, lq_pad - lq), None), _pad(key_segments, (0, lk_pad - lk), None),
-        _pad(key_mask, (0, lk_pad - lk), None),
+        q=_pad(q, (0, lq_pad - lq), dp), k=_pad(k, (0, lk_pad - lk), dp),
+        v=_pad(v, (0, lk_pad - lk), dvp), qp=_pad(given.get("qp"), (0, lq_pad - lq), dp),
+        key_table=table_rows("key_table"), ks=_pad(given.get("ks"), (0, lk_pad - lk), dp),
+        query_table=table_rows("query_table"), relative_bias=table_rows("relative_bias"),
+        grid_rows=grid_term("grid_rows"), grid_cols=grid_term("grid_cols"),
+        query_segments=_pad(query_segments, (0, lq_pad - lq), None),
+        key_segments=_pad(key_segments, (0, lk_pad - lk), None),
+        key_mask=_pad(key_mask, (0, lk_pad - lk), None),
     )  # fmt: skip
     cfg = _Config(
         heads=heads, lq=lq, lk=lk, lq_pad=lq_pad, lk_pad=lk_pad, block_q=bm, block_k=bn,
         causal=causal, interpret=interpret, present=tuple(a is not None for a in x),
+        grid_width=grid_width,
     )  # fmt: skip
     return _fused(cfg, x)[:, :, :lq, :dv]

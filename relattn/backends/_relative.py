@@ -2,10 +2,10 @@
 (:mod:`relattn.backends._triton`), Pallas for JAX (:mod:`relattn.backends._pallas`).
 
 Each computes the content, content-to-position ``(q + v)·Kʳ[δ]``, position-to-content
-``k·Qʳ[δ]`` and per-distance ``b[δ]`` terms inside its tiles (the block fold's step,
-SPEC §2.13, as one GPU kernel), which no library kernel forms. A plan takes one on a GPU
-for a problem with such a term and nothing the kernels lack (a value table, an
-``(Lq, Lk)`` mask or bias, positions as data, segments, the caller's functions); on a
+``k·Qʳ[δ]``, per-distance ``b[δ]`` and decomposed 2-D (grid) terms inside its tiles
+(the block fold's step as one GPU kernel), which no library kernel forms. A plan takes
+one on a GPU for a problem with such a term and nothing the kernels lack (a value
+table, an ``(Lq, Lk)`` mask or bias, positions as data, the caller's functions); on a
 CPU only when ``relattn.config.path`` forces it, where it runs in the library's
 interpreter (slow: for tests). Both take segment ids and a key mask (``(Lk,)`` or
 ``(..., 1, Lk)``) besides the causal mask, and share the refusals and the ``(B, H)``
@@ -27,6 +27,8 @@ __all__ = ["PALLAS", "TRITON", "refusal"]
 
 #: The feature sizes the kernels' tiles hold (FlashAttention's bound).
 MAX_HEAD_DIM = 256
+#: The key grid's rows and columns whose gradients a query tile holds (the grid terms).
+MAX_GRID = 256
 #: The input dtypes the kernels take (float32 accumulation).
 DTYPES = ("float16", "bfloat16", "float32")
 #: Triton is installed (looked up once: a plan under torch.compile must not import).
@@ -52,6 +54,11 @@ def refusal(p: Any, library: str) -> str | None:
         return "no per-distance term (Kʳ, Qʳ or b): the library's kernels compute the rest"
     if p.value_table is not None:
         return f"a value table (Shaw) adds P·Vʳ to the output, which {kernel} does not form"
+    if p.grid_rows is not None and max(p.grid_rows.shape[-1], p.grid_cols.shape[-1]) > MAX_GRID:
+        return (
+            f"{kernel} holds a key grid of at most {MAX_GRID} × {MAX_GRID}, got"
+            f" {p.grid_rows.shape[-1]} × {p.grid_cols.shape[-1]}"
+        )
     if p.query_positions is not None or p.score_mod is not None or p.mask_mod is not None:
         return (
             f"positions as data, score_mod and mask_mod run in the block fold;"
@@ -89,11 +96,14 @@ def refusal(p: Any, library: str) -> str | None:
         platforms = {device.platform for a in arrays for device in _devices(a)}
         if not platforms <= {"cpu", "gpu", "cuda", "rocm"}:
             return f"{kernel} is written for GPUs (Triton lowering), not {sorted(platforms)}"
-        if platforms - {"cpu"} and not _pallas_gathers():
-            return (
-                f"{kernel}'s in-tile relative shift is a gather, for which this JAX's Pallas"
-                " GPU (Triton) lowering has no rule; it runs in the interpreter only"
-            )
+        shifted = p.key_table is not None or p.query_table is not None
+        if platforms - {"cpu"} and (shifted or p.relative_bias is not None):
+            if not _pallas_gathers():
+                return (
+                    f"{kernel}'s in-tile relative shift is a gather, for which this JAX's"
+                    " Pallas GPU (Triton) lowering has no rule; it runs in the interpreter"
+                    " only (the grid terms alone need none)"
+                )
     return None
 
 
@@ -168,7 +178,11 @@ def _prepare(module: str) -> Callable[[Any], Callable[[Any], Any]]:
                 relative_bias=_four(p.relative_bias, lead, 1, xp),
                 query_segments=_four(p.query_segments, lead, 1, xp),
                 key_segments=_four(p.key_segments, lead, 1, xp),
-                key_mask=_four(_key_mask(p.mask, xp), lead, 1, xp), causal=bool(p.causal),
+                key_mask=_four(_key_mask(p.mask, xp), lead, 1, xp),
+                grid_rows=_four(p.grid_rows, lead, 2, xp),
+                grid_cols=_four(p.grid_cols, lead, 2, xp),
+                grid_width=None if p.grid_cols is None else p.grid_cols.shape[-1],
+                causal=bool(p.causal),
             )  # fmt: skip
             return xp.reshape(out, (*lead, p.lq, p.v.shape[-1]))
 

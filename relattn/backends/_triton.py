@@ -13,6 +13,10 @@ one per key tile (``dk``, ``dv``, ``dks``) and one per tile diagonal for the
 tables' and the bias's gradients. Document ids (packed sequences) and a key mask
 (padding, a cache's unfilled slots) hide pairs as the causal rule does; the masked
 keys' rows are never loaded, and tile pairs without a visible pair are skipped.
+The decomposed 2-D terms of MViTv2, ViTDet and SAM, ``grid_rows[i, j // kw] +
+grid_cols[i, j % kw]`` for keys on a ``kh × kw`` grid, are read per cell from the two
+small per-query arrays; their gradients are summed per key-grid row and column by the
+query tile's backward program (one-hot products of ``dS``).
 
 The kernels are defined once, as plain functions, and jitted twice by
 :func:`_kernels`: compiled for GPU tensors and interpreted (``TRITON_INTERPRET``,
@@ -28,13 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the module imports without Triton (a doctest run); the plan refuses
+    triton = tl = None
 
 __all__ = ["relative_attention_kernel"]
 
 #: The largest feature size a tile holds (FlashAttention's bound).
 MAX_HEAD_DIM = 256
+#: The largest side (kh, kw) of the key grid of the decomposed 2-D terms.
+MAX_GRID_SIDE = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -131,13 +141,15 @@ def _first_column(i0, j0, LQ, BM: tl.constexpr):
 
 def _scores(
     q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-    i0, j0, LQ, LIMIT, D, visible,
-    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr,
+    gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_GRID: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The ``(BM, BN)`` scores of a tile pair, ``-inf`` where the key is not ``visible``
-    (selected, so a NaN or inf of a hidden cell's table row goes nowhere)."""
+    (selected, so a NaN or inf of a hidden cell's table row goes nowhere). The grid
+    terms ``grid_rows[i, j // KW] + grid_cols[i, j % KW]`` are loaded per visible cell
+    (the query's rows of the two ``(Lq, kh)``, ``(Lq, kw)`` arrays, gathered)."""
     r = tl.arange(0, BM)[:, None]
     c = tl.arange(0, BN)[None, :]
     # Cell (r, c) has m = m0 + (c - r + BM - 1): row c - r + BM - 1 (0 … BM + BN - 2) of
@@ -156,6 +168,12 @@ def _scores(
     if HAS_B:
         m = m0 + at
         s += tl.load(b_ptr + m * b_sw, mask=(m >= 0) & (m < LIMIT), other=0.0).to(s.dtype)
+    if HAS_GRID:
+        i = i0 + r
+        j = j0 + c
+        rows = tl.load(gr_ptr + i * gr_sl + (j // KW) * gr_sc, mask=visible, other=0.0)
+        cols = tl.load(gc_ptr + i * gc_sl + (j % KW) * gc_sc, mask=visible, other=0.0)
+        s += rows.to(s.dtype) + cols.to(s.dtype)
     return tl.where(visible, s, float("-inf"))
 
 
@@ -182,6 +200,19 @@ def _window_cols(ds, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
     return tl.where(inside, tl.gather(ds, tl.where(inside, r, 0), 0), 0.0)
 
 
+def _one_hot(j0, KW, BN: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr):
+    """``(BN, N)``: 1 where key ``j0 + c`` lies in grid row (``ROWS``; else grid column)
+    ``n``, ``j // KW`` (``j % KW``) = ``n``: ``dS @ one_hot`` sums a tile's ``dS`` per row
+    (column) of the key grid."""
+    j = j0 + tl.arange(0, BN)[:, None]
+    n = tl.arange(0, N)[None, :]
+    if ROWS:
+        hit = j // KW == n
+    else:
+        hit = j % KW == n
+    return tl.where(hit, 1.0, 0.0)
+
+
 def _reached(window, visible, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr):
     """``window`` (a ``(WIN, DP)`` table window) with the rows that no visible pair of the
     tile reads set to 0: with segments or a key mask, some table rows (distances) are met
@@ -197,17 +228,19 @@ def _reached(window, visible, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.conste
 # log-sum-exp and D are contiguous buffers of this module's own.
 # -------------------------------------------------------------------------------------------
 def _forward(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
+    kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
-    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
+    gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
-    H, LQ, LK, LIMIT, D, DV,
+    H, LQ, LK, LIMIT, D, DV, KW,
     o_ptr, lse_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One query tile: stream the key tiles with an online softmax."""
     bh = tl.program_id(1).to(tl.int64)
@@ -218,6 +251,8 @@ def _forward(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    gr_ptr = _at(gr_ptr, bh, H, gr_sb, gr_sh)
+    gc_ptr = _at(gc_ptr, bh, H, gc_sb, gc_sh)
     kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
     kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
     q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
@@ -253,8 +288,8 @@ def _forward(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
-                PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
             )  # fmt: skip
             m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
             # A row with no visible key so far keeps m = -inf: subtract 0 there, so that
@@ -277,19 +312,23 @@ def _forward(
 
 
 def _backward_rows(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
+    kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
-    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
+    gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
-    H, LQ, LK, LIMIT, D, DV,
-    do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr,
+    H, LQ, LK, LIMIT, D, DV, KW,
+    do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr, dgr_ptr, dgc_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """One query tile: ``dq = dS k`` and ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]``."""
+    """One query tile: ``dq = dS k``, ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]``, and the grid
+    terms' ``dgrid_rows[i, a] = Σ_{j // KW = a} dS_ij``, ``dgrid_cols[i, b] = Σ_{j % KW = b}
+    dS_ij`` (one-hot products per key tile; the program owns the rows ``i``)."""
     bh = tl.program_id(1).to(tl.int64)
     i0 = tl.program_id(0) * BM
     k_ptr = _at(k_ptr, bh, H, k_sb, k_sh)
@@ -298,6 +337,8 @@ def _backward_rows(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    gr_ptr = _at(gr_ptr, bh, H, gr_sb, gr_sh)
+    gc_ptr = _at(gc_ptr, bh, H, gc_sb, gc_sh)
     kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
     kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
     q = _tile(_at(q_ptr, bh, H, q_sb, q_sh), i0, LQ, q_sl, q_sd, D, BM, DP)
@@ -313,6 +354,8 @@ def _backward_rows(
     delta = tl.load(delta_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
     dq = tl.full((BM, DP), 0.0, ACC)
     dqp = tl.full((BM, DP), 0.0, ACC)
+    dgr = tl.full((BM, KHP), 0.0, ACC)
+    dgc = tl.full((BM, KWP), 0.0, ACC)
     stop = LK
     if CAUSAL:
         stop = tl.minimum(LK, i0 + BM + LK - LQ)
@@ -336,8 +379,8 @@ def _backward_rows(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
-                PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
             )  # fmt: skip
             v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
             _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
@@ -349,23 +392,35 @@ def _backward_rows(
                     window = _reached(window, visible, BM, BN, WIN)
                 ds_rows = _window_rows(ds, BM, BN, WIN).to(window.dtype)
                 dqp += tl.dot(ds_rows, window, input_precision=PRECISION)
+            if HAS_GRID:
+                ds_grid = ds.to(q.dtype)
+                to_rows = _one_hot(j0, KW, BN, KHP, True).to(q.dtype)
+                dgr += tl.dot(ds_grid, to_rows, input_precision=PRECISION)
+                to_cols = _one_hot(j0, KW, BN, KWP, False).to(q.dtype)
+                dgc += tl.dot(ds_grid, to_cols, input_precision=PRECISION)
     _store(dq_ptr + bh * LQ * D, dq, i0, LQ, D, BM, DP)
     if HAS_KR:
         _store(dqp_ptr + bh * LQ * D, dqp, i0, LQ, D, BM, DP)
+    if HAS_GRID:
+        KH = LK // KW
+        _store(dgr_ptr + bh * LQ * KH, dgr, i0, LQ, KH, BM, KHP)
+        _store(dgc_ptr + bh * LQ * KW, dgc, i0, LQ, KW, BM, KWP)
 
 
 def _backward_keys(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
+    kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
-    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
+    gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
-    H, LQ, LK, LIMIT, D, DV,
+    H, LQ, LK, LIMIT, D, DV, KW,
     do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dks_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One key tile: ``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]``."""
     bh = tl.program_id(1).to(tl.int64)
@@ -375,6 +430,8 @@ def _backward_keys(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    gr_ptr = _at(gr_ptr, bh, H, gr_sb, gr_sh)
+    gc_ptr = _at(gc_ptr, bh, H, gc_sb, gc_sh)
     qseg_ptr = _at(qseg_ptr, bh, H, qseg_sb, qseg_sh)
     k_seg = j0
     if HAS_SEG:
@@ -413,8 +470,8 @@ def _backward_keys(
                 qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
-                PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
             )  # fmt: skip
             do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
             rows = i0 + tl.arange(0, BM)
@@ -437,17 +494,19 @@ def _backward_keys(
 
 
 def _backward_tables(
-    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, b_ptr, qseg_ptr, kseg_ptr, kmask_ptr,
+    q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
+    kmask_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
-    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd, b_sb, b_sh, b_sw,
+    kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
+    gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
-    H, LQ, LK, LIMIT, D, DV,
+    H, LQ, LK, LIMIT, D, DV, KW,
     do_ptr, lse_ptr, delta_ptr, dkr_ptr, dqr_ptr, db_ptr, NI, NJ, PARITY,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One tile diagonal (square tiles, ``BM == BN``): ``dKʳ[m] = Σ dS_ij qp_i``,
     ``dQʳ[m] = Σ dS_ij ks_j`` and ``db[m] = Σ dS_ij`` over the pairs with ``m(i, j) = m``.
@@ -468,6 +527,8 @@ def _backward_tables(
     kr_ptr = _at(kr_ptr, bh, H, kr_sb, kr_sh)
     qr_ptr = _at(qr_ptr, bh, H, qr_sb, qr_sh)
     b_ptr = _at(b_ptr, bh, H, b_sb, b_sh)
+    gr_ptr = _at(gr_ptr, bh, H, gr_sb, gr_sh)
+    gc_ptr = _at(gc_ptr, bh, H, gc_sb, gc_sh)
     qseg_ptr = _at(qseg_ptr, bh, H, qseg_sb, qseg_sh)
     kseg_ptr = _at(kseg_ptr, bh, H, kseg_sb, kseg_sh)
     kmask_ptr = _at(kmask_ptr, bh, H, kmask_sb, kmask_sh)
@@ -507,8 +568,8 @@ def _backward_tables(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                i0, j0, LQ, LIMIT, D, visible, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP,
-                PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
             )  # fmt: skip
             v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
             do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
@@ -541,7 +602,7 @@ def _backward_tables(
 
 _DEVICE_FUNCTIONS = (
     _at, _tile, _key_tile, _segments, _keep, _visible, _any, _store, _first_column, _scores,
-    _score_grads, _window_rows, _window_cols, _reached,
+    _score_grads, _window_rows, _window_cols, _one_hot, _reached,
 )  # fmt: skip
 _KERNELS = (_forward, _backward_rows, _backward_keys, _backward_tables)
 
@@ -607,26 +668,30 @@ def _or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
 
 
 def _inputs(
-    q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config: _Config
+    q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, config: _Config
 ) -> tuple[list[Any], dict[str, Any]]:
     """The kernels' shared leading arguments, and the keyword arguments of every launch
     (``meta``): the constexpr flags and tile sizes, and Triton's launch options."""
     if kmask is not None:
         kmask = kmask.view(torch.uint8)  # the same bytes and strides, read as 0 / 1
-    tensors = [_or(x, q) for x in (q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask)]
+    given = (q, k, v, qp, ks, kr, qr, grows, gcols, bias, qseg, kseg, kmask)
+    tensors = [_or(x, q) for x in given]
     # Four strides each, three for the bias (B, H, W), the segments and the key mask (B, H, L).
-    strides = [s for x in tensors[:7] for s in x.stride()]
-    strides += [s for x in tensors[7:] for s in x.stride()[:3]]
+    strides = [s for x in tensors[:9] for s in x.stride()]
+    strides += [s for x in tensors[9:] for s in x.stride()[:3]]
     _, heads, lq, d = q.shape
     lk, dv = v.shape[2:]
-    sizes = [heads, lq, lk, _limit(lq, lk, config.causal), d, dv]
+    kh, kw = (1, 1) if grows is None or gcols is None else (grows.shape[3], gcols.shape[3])
+    sizes = [heads, lq, lk, _limit(lq, lk, config.causal), d, dv, kw]
     bm, bn = config.block_q, config.block_k
     meta = {
         "HAS_KR": kr is not None, "HAS_QR": qr is not None, "HAS_B": bias is not None,
         "HAS_SEG": qseg is not None, "HAS_MASK": kmask is not None,
+        "HAS_GRID": grows is not None,
         "CAUSAL": config.causal, "ACC": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "BM": bm, "BN": bn, "WIN": triton.next_power_of_2(bm + bn - 1),
         "DP": max(16, triton.next_power_of_2(d)), "DVP": max(16, triton.next_power_of_2(dv)),
+        "KHP": max(16, triton.next_power_of_2(kh)), "KWP": max(16, triton.next_power_of_2(kw)),
         # float32 products as three TF32 ones on tensor cores (float32 accuracy; "ieee"
         # runs without tensor cores, in more shared memory than a GPU has at these tiles).
         "PRECISION": "tf32x3" if q.dtype == torch.float32 else "ieee",
@@ -638,32 +703,37 @@ def _inputs(
 
 
 class _RelativeAttention(torch.autograd.Function):
-    """The kernels as one differentiable function of ``(q, k, v, qp, Kʳ, ks, Qʳ, b)``, the
-    tables expanded to ``(B, H, W, …)``; the segments and the key mask ``(B, H, L)`` (no
-    gradient) follow."""
+    """The kernels as one differentiable function of ``(q, k, v, qp, Kʳ, ks, Qʳ, b,
+    grid_rows, grid_cols)``, the tables expanded to ``(B, H, W, …)``, the grid terms to
+    ``(B, H, Lq, kh)`` and ``(B, H, Lq, kw)``; the segments and the key mask ``(B, H, L)``
+    (no gradient) follow."""
 
     @staticmethod
     def forward(
-        ctx: Any, q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, config: _Config
-    ) -> torch.Tensor:
+        ctx: Any, q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask,
+        config: _Config,
+    ) -> torch.Tensor:  # fmt: skip
         batch, heads, lq, _ = q.shape
         dv = v.shape[3]
-        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config)
+        tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask)
+        args, meta = _inputs(*tensors, config)
         out = torch.empty((batch, heads, lq, dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, heads, lq), dtype=_accumulator(q.dtype), device=q.device)
         grid = (triton.cdiv(lq, config.block_q), batch * heads)
         _kernels(config.interpret)._forward[grid](*args, out, lse, **meta)
-        ctx.save_for_backward(q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, out, lse)
+        ctx.save_for_backward(*tensors, out, lse)
         ctx.config = config
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, out, lse = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, out, lse = saved
         config = ctx.config
         batch, heads, lq, _ = q.shape
         lk = k.shape[2]
-        args, meta = _inputs(q, k, v, qp, ks, kr, qr, bias, qseg, kseg, kmask, config)
+        tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask)
+        args, meta = _inputs(*tensors, config)
         kernels = _kernels(config.interpret)
         do = grad_out.to(q.dtype).contiguous()
         acc = _accumulator(q.dtype)
@@ -672,15 +742,18 @@ class _RelativeAttention(torch.autograd.Function):
         dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
         dqp = None if qp is None else torch.empty_like(dq)
         dks = None if ks is None else torch.empty_like(dk)
+        dgrows = None if grows is None else torch.empty(grows.shape, dtype=q.dtype, device=q.device)
+        dgcols = None if gcols is None else torch.empty(gcols.shape, dtype=q.dtype, device=q.device)
         grid = (triton.cdiv(lq, config.block_q), batch * heads)
-        kernels._backward_rows[grid](*args, do, lse, delta, dq, _or(dqp, dq), **meta)
+        grads = (dq, _or(dqp, dq), _or(dgrows, dq), _or(dgcols, dq))
+        kernels._backward_rows[grid](*args, do, lse, delta, *grads, **meta)
         grid = (triton.cdiv(lk, config.block_k), batch * heads)
         kernels._backward_keys[grid](*args, do, lse, delta, dk, dv, _or(dks, dk), **meta)
         dkr = dqr = dbias = None
         if any(ctx.needs_input_grad[i] for i in (4, 6, 7)):  # Kʳ, Qʳ, b
             tables = (kr, qr, bias)
             dkr, dqr, dbias = _table_grads(q, k, tables, args, meta, do, lse, delta, config)
-        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, None, None, None, None
+        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, dgrows, dgcols, None, None, None, None
 
 
 def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> list[Any]:
@@ -729,6 +802,11 @@ def _rows(name: str, x: Any, shape: tuple[int, ...], dims: str) -> None:
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
 
+def _broadcasts(name: str, head: tuple[int, ...], lead: tuple[int, int]) -> None:
+    if any(s not in (1, t) for s, t in zip(reversed(head), reversed(lead), strict=False)):
+        raise ValueError(f"{name}'s leading dims {head} do not broadcast to (B, H) = {lead}")
+
+
 def _table(name: str, x: Any, lead: tuple[int, int], lq: int, lk: int, d: int | None,
            causal: bool) -> Any:  # fmt: skip
     """A table ``(..., W, d)`` (a bias ``(..., W)`` for ``d=None``) checked and expanded to
@@ -748,9 +826,7 @@ def _table(name: str, x: Any, lead: tuple[int, int], lq: int, lk: int, d: int | 
             f"{name} must have W = Lq + Lk - 1 = {full} (full layout) or W = Lk = {lk} "
             f"(causal layout, with causal=True), got W = {width}"
         )
-    head = shape[:-n]
-    if any(s not in (1, t) for s, t in zip(reversed(head), reversed(lead), strict=False)):
-        raise ValueError(f"{name}'s leading dims {head} do not broadcast to (B, H) = {lead}")
+    _broadcasts(name, shape[:-n], lead)
     return x.expand(*lead, *shape[-n:])
 
 
@@ -765,15 +841,47 @@ def _per_key(name: str, x: Any, lead: tuple[int, int], length: int, axis: str) -
             f"{name} must have shape (..., {axis}) = (..., {length}), at most 2 leading dims, "
             f"got {shape}"
         )
-    head = shape[:-1]
-    if any(s not in (1, t) for s, t in zip(reversed(head), reversed(lead), strict=False)):
-        raise ValueError(f"{name}'s leading dims {head} do not broadcast to (B, H) = {lead}")
+    _broadcasts(name, shape[:-1], lead)
     if name == "key_mask" and x.dtype != torch.bool:
         raise TypeError(f"key_mask must be torch.bool (True: the key is seen), got {x.dtype}")
     if name != "key_mask" and (x.dtype.is_floating_point or x.dtype.is_complex
                                or x.dtype == torch.bool):  # fmt: skip
         raise TypeError(f"{name} must have an integer dtype (document ids), got {x.dtype}")
     return x.expand(*lead, length)
+
+
+def _key_grid(grid_width: Any, lk: int) -> tuple[int, int]:
+    """``(kh, kw)``: the key grid of ``Lk = kh·kw`` keys, ``kw = grid_width``."""
+    if grid_width is None:
+        raise ValueError("grid_rows and grid_cols need grid_width (kw, the key grid's width)")
+    if isinstance(grid_width, bool) or not hasattr(grid_width, "__index__"):
+        raise TypeError(f"grid_width must be an int, got {type(grid_width).__name__}")
+    kw = int(grid_width)
+    if kw < 1 or lk % kw:
+        raise ValueError(
+            f"grid_width must divide Lk = {lk} (kw of a kh × kw key grid), got {grid_width}"
+        )
+    kh = lk // kw
+    if max(kh, kw) > MAX_GRID_SIDE:
+        raise ValueError(
+            f"grid_width = {kw} gives a key grid kh × kw = {kh} × {kw}: the kernel takes "
+            f"kh, kw <= {MAX_GRID_SIDE} (it holds (block_q, kh) and (block_q, kw) gradients)"
+        )
+    return kh, kw
+
+
+def _grid(name: str, x: Any, lead: tuple[int, int], lq: int, size: int, axis: str) -> Any:
+    """A grid term ``(..., Lq, kh)`` or ``(..., Lq, kw)`` checked and expanded to
+    ``(B, H, Lq, …)`` in the autograd graph (the gradient comes back in the given shape)."""
+    _tensor(name, x)
+    shape = tuple(x.shape)
+    if not 2 <= x.ndim <= 4 or shape[-2:] != (lq, size):
+        raise ValueError(
+            f"{name} must have shape (..., Lq, {axis}) = (..., {lq}, {size}), at most 2 leading "
+            f"dims, got {shape}"
+        )
+    _broadcasts(name, shape[:-2], lead)
+    return x.expand(*lead, lq, size)
 
 
 def relative_attention_kernel(
@@ -789,6 +897,9 @@ def relative_attention_kernel(
     query_segments: torch.Tensor | None = None,
     key_segments: torch.Tensor | None = None,
     key_mask: torch.Tensor | None = None,
+    grid_rows: torch.Tensor | None = None,
+    grid_cols: torch.Tensor | None = None,
+    grid_width: int | None = None,
     causal: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -798,9 +909,10 @@ def relative_attention_kernel(
 
     The score of query ``i`` and key ``j``, with table row ``m = j - i + Lq - 1``, is ::
 
-        s_ij = q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m]
+        s_ij = q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + R[i, j // kw] + C[i, j % kw]
 
-    (each term present only if its inputs are given); ``out_i = Σ_j softmax_j(s_i·) v_j``
+    (each term present only if its inputs are given; ``R``, ``C``: ``grid_rows``,
+    ``grid_cols``); ``out_i = Σ_j softmax_j(s_i·) v_j``
     over the visible keys: those the causal rule, the segments and the key mask all let
     query ``i`` see.
 
@@ -833,12 +945,23 @@ def relative_attention_kernel(
         torch.bool, True where the key may be seen (key padding, a cache's unfilled
         slots); leading dims and strides as the segments'. A masked key's ``k``, ``v``
         and ``ks`` rows are never read (they may be NaN or inf).
+    grid_rows, grid_cols : Tensor of shape (..., Lq, kh) and (..., Lq, kw), optional
+        The decomposed 2-D relative terms of MViTv2 / ViTDet / SAM (both or neither), for
+        keys on a ``kh × kw`` grid flattened row-major (key ``j`` at row ``j // kw``,
+        column ``j % kw``): ``grid_rows[i, a] = q_i·Rʸ[..]`` and ``grid_cols[i, b] =
+        q_i·Rˣ[..]``, formed outside (:func:`relattn.decomposed.decomposed_relative_terms`),
+        added to the scores as they are. Dtype of ``q``; leading dims and strides as the
+        tables'; differentiable (gradients in the given shapes).
+    grid_width : int, optional
+        ``kw``, the key grid's width (a divisor of ``Lk``; ``kh = Lk / kw``; both at most
+        256); given iff the grid terms are.
     causal : bool
         Mask the keys with ``δ = j - i - (Lk - Lq) > 0``.
     block_q, block_k : int, optional
         Tile sizes (query rows, key rows), powers of two >= 16. By default the largest
         of 16 … 64 whose tile of padded features takes at most 8 KiB: 64 for float16 and
-        bfloat16 with ``d, dv <= 64``, 32 up to 128, 16 above; float32 32, 16, 16.
+        bfloat16 with ``d, dv <= 64``, 32 up to 128, 16 above; float32 32, 16, 16 (with
+        the grid terms, ``kh`` and ``kw`` count as features, and at most 32).
     interpret : bool, optional
         Run in Triton's interpreter (NumPy, slow: for tests); ``None``: where the tensors
         are on the CPU, or everywhere when ``TRITON_INTERPRET=1`` was set as Triton was
@@ -858,10 +981,13 @@ def relative_attention_kernel(
     TypeError
         If an input is not a tensor, the dtypes differ, the dtype is not float16,
         bfloat16, float32 or float64, the segments are not integers, the key mask is not
-        torch.bool, or ``causal`` is not a bool.
+        torch.bool, ``grid_width`` is not an int, or ``causal`` is not a bool.
     ValueError
         If the shapes do not match, a table comes without its queries or keys (or the
-        reverse), only one of the segments is given, a segment or mask length is not
+        reverse), only one of the segments or of the grid terms is given (or
+        ``grid_width`` alone, or not with them), ``grid_width`` does not divide ``Lk``
+        (or makes ``kh`` or ``kw`` exceed 256), a grid term is not ``(..., Lq, kh)`` /
+        ``(..., Lq, kw)``, a segment or mask length is not
         ``Lq``/``Lk``, ``W`` fits neither layout (or is ``Lk`` without ``causal``), ``Lq`` or
         ``Lk`` is 0, ``d`` or ``dv`` exceeds 256, a tile size is not a power of two >= 16,
         the tensors are on different devices, or ``interpret=False`` for CPU tensors.
@@ -878,7 +1004,10 @@ def relative_attention_kernel(
     algorithm 2), and sums the tables' gradients per tile diagonal, without an
     ``(Lq, W, d)`` intermediate. Accumulation is float32 (float64 for float64 inputs).
     With segments or a key mask, the tile pairs without a visible pair (other documents)
-    are skipped.
+    are skipped. The decomposed terms are Li et al. 2022 (MViTv2), §3.1, eq. (4), in
+    SAM's and ViTDet's decomposed form: read per cell, never an ``(Lq, Lk)`` array;
+    their gradients are ``dS`` summed over the keys of each grid row (column), as
+    ``dS @ one_hot(j // kw)`` per key tile in the query tile's program (deterministic).
     The interpreter has no bfloat16 ``tl.dot`` (triton-lang/triton#11584): it computes
     bfloat16 inputs in float32 and rounds the output.
     """
@@ -914,6 +1043,18 @@ def relative_attention_kernel(
         )  # fmt: skip
         raise ValueError(f"{alone} is given without {missing}: give both or neither")
     lead = (batch, heads)
+    if (grid_rows is None) != (grid_cols is None):
+        alone, missing = (
+            ("grid_rows", "grid_cols") if grid_cols is None else ("grid_cols", "grid_rows")
+        )
+        raise ValueError(f"{alone} is given without {missing}: give both or neither")
+    grows = gcols = None
+    if grid_rows is not None:
+        kh, kw = _key_grid(grid_width, lk)
+        grows = _grid("grid_rows", grid_rows, lead, lq, kh, "kh")
+        gcols = _grid("grid_cols", grid_cols, lead, lq, kw, "kw")
+    elif grid_width is not None:
+        raise ValueError("grid_width is given without grid_rows and grid_cols")
     qseg = _per_key("query_segments", query_segments, lead, lq, "Lq")
     kseg = _per_key("key_segments", key_segments, lead, lk, "Lk")
     kmask = _per_key("key_mask", key_mask, lead, lk, "Lk")
@@ -923,7 +1064,7 @@ def relative_attention_kernel(
     if q.dtype not in _DTYPES:
         raise TypeError(f"q must be float16, bfloat16, float32 or float64, got {q.dtype}")
     given = {"k": k, "v": v, "qp": qp, "ks": ks, "key_table": kr, "query_table": qr,
-             "relative_bias": bias}  # fmt: skip
+             "relative_bias": bias, "grid_rows": grows, "grid_cols": gcols}  # fmt: skip
     for name, x in given.items():
         if x is not None and x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
@@ -933,9 +1074,13 @@ def relative_attention_kernel(
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     # Tiles of at most 8 KiB per (tile, padded features) input: 64 rows for 16-bit
     # d <= 64, down to 16 (with every term, at most ~100 KiB of shared memory on sm_90 but
-    # float32 with d > 128 and float64 with d > 64).
-    features = max(16, triton.next_power_of_2(max(d, dv)))
-    default = max(16, min(64, 8192 // (features * q.element_size())))
+    # float32 with d > 128 and float64 with d > 64). The grid terms' sides count as
+    # features, and take at most 32 rows: their per-cell loads and (BM, kh), (BM, kw)
+    # gradients spill registers at 64 (ptxas, sm_90, float16 d = 64, a 64 × 64 grid).
+    sides = (1, 1) if grows is None or gcols is None else (grows.shape[3], gcols.shape[3])
+    features = max(16, triton.next_power_of_2(max(d, dv, *sides)))
+    largest = 64 if grows is None else 32
+    default = max(16, min(largest, 8192 // (features * q.element_size())))
     block_q = default if block_q is None else block_q
     block_k = default if block_k is None else block_k
     for name, block in (("block_q", block_q), ("block_k", block_k)):
@@ -955,10 +1100,13 @@ def relative_attention_kernel(
             q.float(), k.float(), v.float(), qp=up(qp), key_table=up(key_table), ks=up(ks),
             query_table=up(query_table), relative_bias=up(relative_bias),
             query_segments=query_segments, key_segments=key_segments, key_mask=key_mask,
+            grid_rows=up(grid_rows), grid_cols=up(grid_cols), grid_width=grid_width,
             causal=causal, block_q=block_q, block_k=block_k, interpret=True,
         )  # fmt: skip
         return out.to(torch.bfloat16)
     config = _Config(causal, block_q, block_k, interpret)
-    out = _RelativeAttention.apply(q, k, v, qp, kr, ks, qr, bias, qseg, kseg, kmask, config)
+    out = _RelativeAttention.apply(
+        q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, config
+    )
     assert isinstance(out, torch.Tensor)
     return out
