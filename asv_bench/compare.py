@@ -917,7 +917,7 @@ def _vision_what(case: str, arrays: dict) -> str:
     if case == "sam":
         h, w = arrays["rel_pos_h"].shape[0] // 2 + 1, arrays["rel_pos_w"].shape[0] // 2 + 1
         return VISION_WHAT[case].format(h=h, w=w, length=length, b=batch, heads=heads, d=d)
-    nw = arrays["mask"].shape[0]
+    nw = arrays["window_bias"].shape[0]
     window = math.isqrt(length)
     return VISION_WHAT[case].format(window=window, grid=math.isqrt(nw) * window,
                                     b=batch // nw, heads=heads, d=d)  # fmt: skip

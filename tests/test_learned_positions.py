@@ -11,7 +11,9 @@ the ``(i, j)`` pairs, for ``Lq = Lk`` and a decode step ``Lq < Lk`` (the query `
 and JAX; ``jax.jit`` and ``torch.compile`` equal eager; FlexAttention runs the score_mod.
 
 Last, NeMo 1.23's Kerple and Sandwich distances with a cache (``Lq < Lk``), restated in
-NumPy from its code, against relattn's.
+NumPy from its code, against relattn's; and, where x-transformers 2.31.10 is importable
+(not a dependency), its own ``DynamicPositionBias`` with its weights copied, float64, to
+1e-10 (x-transformers ships no FIRE).
 """
 
 from __future__ import annotations
@@ -525,6 +527,97 @@ def test_nemo_zeroes_past_distances_with_a_cache(lq, lk):
     np.testing.assert_allclose(sandwich_nemo[zeroed], 4.0)  # Σ cos 0 = d'/2: "no distance"
     if lq == lk:
         np.testing.assert_array_equal(np.where(past, nemo, 0), np.where(past, ours, 0))
+
+
+# ===============================================================================================
+# x-transformers 2.31.10's DynamicPositionBias (optional; it ships no FIRE)
+# ===============================================================================================
+
+#: x-transformers' ``attend.py`` calls ``torch.jit.script`` at import, which torch deprecates.
+_XT_IMPORT = "ignore:`torch.jit.script` is deprecated:DeprecationWarning"
+
+
+def _x_transformers_arrays(module, torch):
+    """relattn's arrays from x-transformers' ``DynamicPositionBias.mlp``: each hidden block
+    ``Sequential(Linear, [norm], SiLU)``, then ``Linear(dim, heads)``. Its first norm is
+    its own ``LayerNorm`` (``nn.LayerNorm`` without affine, times ``gamma``: no bias), the
+    others ``nn.LayerNorm``."""
+    *blocks, last = module.mlp
+    linears, norms = [], []
+    for block in blocks:
+        layers = list(block)
+        assert isinstance(layers[0], torch.nn.Linear)
+        assert isinstance(layers[-1], torch.nn.SiLU)
+        linears.append(layers[0])
+        if len(layers) == 3:
+            norm = layers[1]
+            if isinstance(norm, torch.nn.LayerNorm):
+                assert norm.eps == 1e-5
+                norms.append((norm.weight, norm.bias))
+            else:
+                assert not norm.unit_offset and norm.ln.eps == 1e-5
+                assert not norm.ln.elementwise_affine
+                norms.append((norm.gamma, torch.zeros_like(norm.gamma)))
+        else:
+            assert len(layers) == 2
+    assert isinstance(last, torch.nn.Linear)
+    linears.append(last)
+    weights = [lin.weight.detach().numpy().T for lin in linears]
+    biases = [lin.bias.detach().numpy() for lin in linears]
+    pairs = [tuple(a.detach().numpy() for a in pair) for pair in norms] if norms else None
+    return weights, biases, pairs
+
+
+@pytest.mark.filterwarnings(_XT_IMPORT)
+@pytest.mark.parametrize("lq, lk", [(5, 5), (2, 7), (1, 12)])
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("log_distance", [False, True])
+def test_x_transformers_dynamic_position_bias_agrees(
+    monkeypatch, rng, log_distance, norm, depth, lq, lk
+):
+    """x-transformers 2.31.10's ``x_transformers.x_transformers.DynamicPositionBias``, its
+    random weights (LayerNorms' included) copied into relattn's arrays, float64: its
+    ``forward(Lq, Lk)``, ``(H, Lq, Lk)`` with query ``r`` at ``r + Lk - Lq``, equals
+    ``dynamic_position_bias(-δ)`` to 1e-10, ``δ = key - query``: its MLP sees
+    ``query - key``. Also through the relative layout (``relative_distances``, then
+    ``relative_bias_matrix``). Its ``forward`` casts the distances with ``.float()``; for
+    the call, ``Tensor.float`` is ``Tensor.double``, so that its ``log_distance`` is taken
+    in float64 too (its code runs otherwise unchanged)."""
+    torch = pytest.importorskip("torch")
+    xt = pytest.importorskip("x_transformers.x_transformers")
+    heads, dim = 3, 6
+    module = xt.DynamicPositionBias(
+        dim, heads=heads, depth=depth, log_distance=log_distance, norm=norm
+    ).double()
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.from_numpy(rng.normal(size=tuple(param.shape))))
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "float", torch.Tensor.double)
+        with torch.no_grad():
+            want = module(lq, lk)
+    assert want.dtype == torch.float64
+    assert tuple(want.shape) == (heads, lq, lk)
+    want = want.numpy()
+    weights, biases, norms = _x_transformers_arrays(module, torch)
+    assert len(weights) == depth + 1
+    assert (norms is not None) == norm
+
+    def ours(distances):
+        return dynamic_position_bias(
+            distances, weights, biases, log_distance=log_distance, norms=norms
+        )
+
+    delta = np.arange(lk)[None, :] - (np.arange(lq)[:, None] + lk - lq)
+    got = ours(-delta)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    layout = ours(-relattn.relative_distances(lq, lk, xp=np))
+    np.testing.assert_allclose(
+        relattn.relative_bias_matrix(layout, lq, lk), want, rtol=1e-10, atol=1e-10
+    )
+    # The sign matters: relattn's δ itself is not x-transformers' input.
+    assert np.abs(ours(delta) - want).max() > 1e-3
 
 
 # ===============================================================================================

@@ -123,9 +123,9 @@ def test_native_swin_equals_relattn_and_the_loop(bench, target, grid, window, sh
     _, vision = bench
     if shift == 0:  # Swin's unshifted blocks add no mask; the same arrays without one
         host = vision.swin_inputs(grid=grid, window=window, shift=1, heads=2, batch=2, d=4)
-        host["mask"] = np.ones_like(host["mask"])
+        host["window_bias"] = np.zeros_like(host["window_bias"])
         host["attn_mask"] = np.zeros_like(host["attn_mask"])
-        regions = np.zeros(host["mask"].shape[:2], dtype=int)
+        regions = np.zeros(host["window_bias"].shape[:2], dtype=int)
     else:
         host = vision.swin_inputs(grid=grid, window=window, shift=shift, heads=2, batch=2, d=4)
         regions = _regions(grid, window, shift)
@@ -178,7 +178,7 @@ def test_benchmark_sizes(bench):
     assert vision.SAM_HEADS == 12
     host = vision.swin_inputs(batch=1)
     assert host["q"].shape == (64, 3, 49, 32) and host["table"].shape == (3, 169)
-    assert host["mask"].shape == host["attn_mask"].shape == (64, 49, 49)
+    assert host["window_bias"].shape == host["attn_mask"].shape == (64, 49, 49)
 
 
 def test_memory_helpers(compare, target):

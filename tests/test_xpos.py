@@ -8,10 +8,12 @@ hypothesis: ``q̃_n·k̃_m`` depends on ``n - m`` only. A decode step (queries a
 computation, and attention through ``scaled_dot_product_attention`` equals a loop, dense
 and blockwise. Gradients reach ``x`` and real positions; jit and compile equal eager.
 
-Where rotary-embedding-torch 0.9.1 is importable (it is not a dependency: put it on the
-path), its ``rotate_queries_and_keys`` equals relattn's with the centre at ``L // 2``, and
-its ``rotate_queries_with_cached_keys`` centres queries at ``Lq // 2`` but keys at
-``Lk // 2``: its decode scores differ from its own full computation's last rows.
+Where torchscale 0.3.0 is importable (not a dependency), its ``XPOS`` equals relattn's with
+the centre at ``⌈(L + offset)/2⌉``, full and with a cache. Where rotary-embedding-torch
+0.9.1 is importable (it is not a dependency either: put it on the path), its
+``rotate_queries_and_keys`` equals relattn's with the centre at ``L // 2``, and its
+``rotate_queries_with_cached_keys`` centres queries at ``Lq // 2`` but keys at ``Lk // 2``:
+its decode scores differ from its own full computation's last rows.
 """
 
 from __future__ import annotations
@@ -176,6 +178,72 @@ def test_jit_equals_eager(jit_backend, dtype, rng):
     eager = f(x, positions)
     for a, b in zip(compiled, eager, strict=True):
         jit_backend.assert_close(a, jit_backend.to_numpy(b), dtype)
+
+
+# ===============================================================================================
+# torchscale 0.3.0 (optional)
+# ===============================================================================================
+
+
+def _torchscale(torch, d, scale_base, calls):
+    """torchscale's ``XPOS(d, scale_base)``, made and called with torch's default dtype
+    float64: it builds ``ζ`` (at construction) and ``θ_k`` in the default dtype; left in
+    float32, its float64 outputs are off by 1e-7 to 3e-6. ``calls``: ``(x, offset,
+    downscale)``."""
+    module = pytest.importorskip("torchscale.component.xpos_relative_position")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        xpos = module.XPOS(d, scale_base=scale_base)
+        assert xpos.scale.dtype == torch.float64
+        return [xpos(x, offset=offset, downscale=downscale) for x, offset, downscale in calls]
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _assert_1e10(got, want):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("length", [8, 9])
+@pytest.mark.parametrize("scale_base", [512.0, 16.0])
+def test_torchscale_full_computation_agrees(length, scale_base):
+    """torchscale 0.3.0's ``torchscale.component.xpos_relative_position.XPOS`` on queries
+    (``offset=0``) and keys (``downscale=True``), ``(B·H, L, d)`` as its
+    ``MultiheadAttention`` passes them, float64: relattn's ``"interleaved"`` layout with
+    the centre at ``⌈L/2⌉`` (its ``min_pos = -(length + offset) // 2``; an odd ``L``
+    tells it from ``L // 2``), to 1e-10."""
+    torch = pytest.importorskip("torch")
+    d = 8
+    rng = np.random.default_rng(5)
+    q, k = (torch.asarray(a) for a in rng.normal(size=(2, 6, length, d)))
+    q_ts, k_ts = _torchscale(torch, d, scale_base, [(q, 0, False), (k, 0, True)])
+    kw = {"layout": "interleaved", "scale_base": scale_base, "centre": (length + 1) // 2}
+    _assert_1e10(q_ts, xpos_embedding(q, **kw))
+    _assert_1e10(k_ts, xpos_embedding(k, downscale=True, **kw))
+
+
+@pytest.mark.parametrize("lq, lk", [(1, 9), (3, 40)])
+def test_torchscale_decode_agrees(lq, lk):
+    """torchscale 0.3.0's ``XPOS`` with a cache, as its ``MultiheadAttention`` calls it
+    (``offset = src_len - 1`` for one new query; here ``Lk - Lq`` for ``Lq``): the queries
+    at ``Lk - Lq + arange(Lq)`` and the keys at ``arange(Lk)``, both about ``⌈Lk/2⌉``,
+    equal relattn's with those positions and that centre to 1e-10, and the scores are the
+    last rows of its full computation's (one centre for both, unlike
+    rotary-embedding-torch's ``rotate_queries_with_cached_keys`` below)."""
+    torch = pytest.importorskip("torch")
+    d, scale_base = 16, 16.0
+    rng = np.random.default_rng(6)
+    q_full, k = (torch.asarray(a) for a in rng.normal(size=(2, 6, lk, d)))
+    q = q_full[:, -lq:]
+    q_ts, k_ts, qf_ts = _torchscale(
+        torch, d, scale_base, [(q, lk - lq, False), (k, 0, True), (q_full, 0, False)]
+    )
+    kw = {"layout": "interleaved", "scale_base": scale_base, "centre": (lk + 1) // 2}
+    _assert_1e10(q_ts, xpos_embedding(q, torch.arange(lk - lq, lk), **kw))
+    _assert_1e10(k_ts, xpos_embedding(k, downscale=True, **kw))
+    full = (qf_ts @ k_ts.transpose(-1, -2))[:, -lq:]
+    _assert_1e10(q_ts @ k_ts.transpose(-1, -2), full)
 
 
 # ===============================================================================================

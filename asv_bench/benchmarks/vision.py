@@ -15,9 +15,11 @@ Two cases, each relattn against the same attention written natively
 - ``swin``: Swin-T's first stage (Liu et al. 2021), a 56×56 grid in 7×7 windows
   shifted by 3, ``H = 3``, ``d = 32``, :data:`SWIN_BATCH` images: the ``(B·nW, H,
   N, d)`` windows (``N = 49``) attended with the relative position bias gathered
-  from the ``(169, H)`` table (:func:`relattn.grid.grid_relative_bias`) and the
-  shifted-window mask (:func:`relattn.grid.shifted_window_mask`, made once, as
-  Swin keeps its ``attn_mask`` buffer), against the authors'
+  from the ``(169, H)`` table (:func:`relattn.grid.grid_relative_bias`) plus the
+  shifted-window mask as an additive bias (:func:`relattn.grid.shifted_window_mask`
+  through :func:`relattn.mask_to_bias`, made once, as Swin keeps its additive
+  ``attn_mask`` buffer; additive, XLA fuses the whole window attention, where a
+  boolean mask's NaN-safe select keeps it apart), against the authors'
   ``WindowAttention.forward`` (``native.numpy_swin_window_attention``: the table
   gathered through the ``(N, N)`` index each call, the ``0 / -100`` mask added).
 
@@ -85,8 +87,10 @@ def swin_inputs(grid: int = SWIN_GRID, window: int = SWIN_WINDOW, shift: int = S
                 seed: int = 22) -> dict:  # fmt: skip
     """The windows ``q``, ``k``, ``v (B·nW, H, N, d)`` of ``batch`` images, the bias table
     both ways (relattn's ``table (H, T)``, Swin's ``table_t (T, H)``, ``T = (2·window -
-    1)²``), relattn's ``mask (nW, N, N)`` (bool, :func:`relattn.grid.shifted_window_mask`)
-    and Swin's buffers, ``index (N, N)`` and ``attn_mask (nW, N, N)`` (0 / -100)."""
+    1)²``), relattn's ``window_bias (nW, N, N)`` (:func:`relattn.grid.shifted_window_mask`
+    as :func:`relattn.mask_to_bias` makes it additive) and Swin's buffers, ``index (N, N)``
+    and ``attn_mask (nW, N, N)`` (0 / -100)."""
+    from relattn import mask_to_bias
     from relattn.grid import shifted_window_mask
 
     rng = np.random.default_rng(seed)
@@ -95,7 +99,8 @@ def swin_inputs(grid: int = SWIN_GRID, window: int = SWIN_WINDOW, shift: int = S
     table = common.normal(rng, heads, (2 * window - 1) ** 2)
     arrays["table"] = table
     arrays["table_t"] = np.ascontiguousarray(table.T)
-    arrays["mask"] = np.asarray(shifted_window_mask(grid, grid, window, shift))
+    mask = shifted_window_mask(grid, grid, window, shift)
+    arrays["window_bias"] = np.asarray(mask_to_bias(mask, dtype=np.float32))
     arrays["index"] = native.swin_relative_index(window)
     arrays["attn_mask"] = native.swin_attn_mask(grid, grid, window, shift)
     return arrays
@@ -117,19 +122,21 @@ def sam_attention(q: Any, k: Any, v: Any, rel_pos_h: Any, rel_pos_w: Any, *,
     return decomposed_relative_attention(q, k, v, rel_pos_h, rel_pos_w, query_grid=grid)
 
 
-def swin_attention(q: Any, k: Any, v: Any, table: Any, mask: Any, *, window: int) -> Any:
+def swin_attention(q: Any, k: Any, v: Any, table: Any, window_bias: Any, *,
+                   window: int) -> Any:  # fmt: skip
     """Swin's window attention with relattn: ``grid_relative_bias`` of the ``(H, T)`` table
-    (gathered each call, as Swin does), the windows viewed as ``(B, nW, H, N, d)`` so that
-    the ``(nW, N, N)`` mask broadcasts per window, then ``scaled_dot_product_attention``."""
+    (gathered each call, as Swin does) plus the ``(nW, N, N)`` window bias, the windows
+    viewed as ``(B, nW, H, N, d)`` so that it broadcasts per window, then
+    ``scaled_dot_product_attention``."""
     import array_api_compat
     from relattn import scaled_dot_product_attention
     from relattn.grid import grid_relative_bias
 
     xp = array_api_compat.array_namespace(q)
-    nw = mask.shape[0]
-    bias = grid_relative_bias(table, window, window)
+    nw = window_bias.shape[0]
+    bias = grid_relative_bias(table, window, window) + window_bias[:, None]
     windows = [xp.reshape(x, (-1, nw, *x.shape[1:])) for x in (q, k, v)]
-    out = scaled_dot_product_attention(*windows, bias=bias, mask=mask[:, None])
+    out = scaled_dot_product_attention(*windows, bias=bias)
     return xp.reshape(out, (*q.shape[:-1], v.shape[-1]))
 
 
@@ -152,7 +159,7 @@ def functions(case: str, backend: Target, arrays: dict) -> Sides:
     ours = backend.default_jit(functools.partial(swin_attention, window=window))
     theirs = native.native("swin_window_attention", backend)
     qkv = tuple(arrays[n] for n in ("q", "k", "v"))
-    return (ours, (*qkv, arrays["table"], arrays["mask"]), theirs,
+    return (ours, (*qkv, arrays["table"], arrays["window_bias"]), theirs,
             (*qkv, arrays["table_t"], arrays["index"], arrays["attn_mask"]))  # fmt: skip
 
 
