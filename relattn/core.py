@@ -48,7 +48,7 @@ from .problem import Problem
 from .shift import unshift
 from .terms import grid_term, matmul_transposed, relative_term, visible_mask
 
-__all__ = ["attend", "attend_generic", "attention", "softmax"]
+__all__ = ["attend_generic", "attention", "softmax"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -111,21 +111,10 @@ def fused_kernel(q: Any, k: Any, v: Any, xp: Any) -> Any:
     return offer(q, k, v)
 
 
-def attend(q: Any, k: Any, v: Any, bias: Any, scale: Any, xp: Any) -> Any:
-    """``softmax(q kᵀ · scale + bias) v`` on inputs already checked and cast.
-
-    The backend's fused kernel runs it where there is one and the inputs fit
-    (:attr:`relattn.backends.Backend.fused_attention`); :func:`attend_generic`
-    is the reference it is tested against.
-    """
-    kernel = fused_kernel(q, k, v, xp)
-    if kernel is not None:
-        return kernel(bias=bias, mask=None, causal=False, scale=scale)
-    return attend_generic(q, k, v, bias, None, scale, xp)
-
-
 def attend_generic(q: Any, k: Any, v: Any, bias: Any, mask: Any, scale: Any, xp: Any) -> Any:
-    """:func:`attend` in array-API calls only."""
+    """``softmax(q kᵀ · scale + bias) v`` (masked) in array-API calls only, on inputs
+    already checked and cast: the reference the backends' fused kernels are tested
+    against (``tests/test_fast_paths.py``)."""
     return softmax(scores(q, k, bias, scale, xp), mask, -1, xp) @ v
 
 

@@ -3,12 +3,13 @@
 The generic code in :mod:`relattn` is written once against the array API
 standard; it asks this package for the few things the standard does not define,
 as a :class:`Backend` record: ``stop_gradient``, whether values can be read now,
-traced loops and branches (JAX), a ring's collective, fused attention kernels,
-chunking (Dask). A backend never implements an algorithm: it supplies the
-primitive an algorithm asks for. Each library's code sits in its own module and
-imports that library lazily, so ``import relattn`` needs NumPy alone; libraries
-that need nothing beyond the standard (NumPy, CuPy, array-api-strict) have no
-module here.
+traced loops and branches (JAX), a ring's collective, fused attention kernels
+(the libraries', and relattn's own Triton and Pallas kernels of the relative
+terms, :mod:`relattn.backends._relative`), chunking (Dask). A backend never
+implements an algorithm: it supplies the primitive an algorithm asks for. Each
+library's code sits in its own module and imports that library lazily, so
+``import relattn`` needs NumPy alone; libraries that need nothing beyond the
+standard (NumPy, CuPy, array-api-strict) have no module here.
 """
 
 from __future__ import annotations
