@@ -93,7 +93,9 @@ def refusal(p: Any, library: str) -> str | None:
         if sys.modules["torch"].compiler.is_compiling():
             return f"under torch.compile, which traces no call into {kernel}'s launcher"
     else:
+        # Traced arrays report no device: the program runs on JAX's default backend.
         platforms = {device.platform for a in arrays for device in _devices(a)}
+        platforms = platforms or {sys.modules["jax"].default_backend()}
         if not platforms <= {"cpu", "gpu", "cuda", "rocm"}:
             return f"{kernel} is written for GPUs (Triton lowering), not {sorted(platforms)}"
         shifted = p.key_table is not None or p.query_table is not None
