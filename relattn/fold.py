@@ -673,7 +673,12 @@ def _static_blocks(
             outputs.append(backend.checkpoint(run, *rows.arrays()))
         else:
             outputs.append(run(*rows.arrays()))
-    return outputs[0] if len(outputs) == 1 else xp.concat(outputs, axis=-2)
+    out = outputs[0] if len(outputs) == 1 else xp.concat(outputs, axis=-2)
+    if tuple(out.shape[:-1]) == tuple(p.q.shape[:-1]):
+        # Chunked libraries (Dask): the queries' chunks, not the union of theirs and the
+        # block boundaries (chunks of 100 in blocks of 256 came out 100, 100, 56, 44, …).
+        out = backend.rechunk_like(out, p.q)
+    return out
 
 
 def _pad(x: Any, axis: int, size: int, xp: Any, value: Any = 0) -> Any:

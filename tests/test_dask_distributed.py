@@ -156,8 +156,12 @@ LAYERS = {
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))
-@pytest.mark.parametrize("block_size", [None, CHUNK], ids=["dense", "blockwise"])
+@pytest.mark.parametrize(
+    "block_size", [None, CHUNK, (48, 40)], ids=["dense", "blockwise", "blocks_across_chunks"]
+)
 def test_attention_output_has_the_query_chunks(layer, block_size):
+    """The output keeps the queries' chunks, also with blocks that cut across them (the
+    fold's output was chunked at the union of both boundaries: 32, 16, 16, 32)."""
     lazy = lazy_problem(CHUNK)
     out = LAYERS[layer](lazy, block_size=block_size)
     assert out.chunks == lazy["q"].chunks  # (1, 1), (H,), (32, 32, 32), (D,)
