@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from ._relative import MAX_HEAD_DIM
+
 __all__ = ["relative_attention_kernel"]
 
-#: The largest feature size (``d``, ``d_v``) a tile holds.
-MAX_HEAD_DIM = 256
 #: The smallest tile (and padded feature size) the kernels use: Triton's ``tl.dot`` takes
 #: no operand dimension below 16; the interpreter takes tiles of 8 too.
 MIN_TILE_COMPILED = 16

@@ -25,18 +25,15 @@ from ._base import Kernel
 
 __all__ = ["PALLAS", "TRITON", "refusal"]
 
-#: The feature sizes the kernels' tiles hold (FlashAttention's bound).
+#: The feature sizes the kernels' tiles hold (FlashAttention's bound); both kernels check it.
 MAX_HEAD_DIM = 256
-#: The key grid's rows and columns whose gradients a query tile holds (the grid terms).
+#: The key grid's rows and columns (the grid terms): the Triton kernel holds a query tile's
+#: gradients of each in registers.
 MAX_GRID = 256
 #: The input dtypes the kernels take (float32 accumulation).
 DTYPES = ("float16", "bfloat16", "float32")
 #: Triton is installed (looked up once: a plan under torch.compile must not import).
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def refusal(p: Any, library: str) -> str | None:
@@ -76,7 +73,7 @@ def refusal(p: Any, library: str) -> str | None:
         return "an empty axis (Lq, Lk, d, d_v or a leading dim is 0)"
     if max(d, d_v) > MAX_HEAD_DIM:
         return f"{kernel} holds d, d_v <= {MAX_HEAD_DIM} in a tile, got d = {d}, d_v = {d_v}"
-    name = _dtype_name(p.dtype)
+    name = str(p.dtype).removeprefix("torch.")
     if name not in DTYPES:
         return f"{kernel} takes {', '.join(DTYPES)}, not {name}"
     if library == "torch":

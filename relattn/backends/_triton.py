@@ -39,12 +39,10 @@ try:
 except ImportError:  # the module imports without Triton (a doctest run); the plan refuses
     triton = tl = None
 
+from ._relative import MAX_GRID, MAX_HEAD_DIM
+
 __all__ = ["relative_attention_kernel"]
 
-#: The largest feature size a tile holds (FlashAttention's bound).
-MAX_HEAD_DIM = 256
-#: The largest side (kh, kw) of the key grid of the decomposed 2-D terms.
-MAX_GRID_SIDE = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -862,10 +860,10 @@ def _key_grid(grid_width: Any, lk: int) -> tuple[int, int]:
             f"grid_width must divide Lk = {lk} (kw of a kh × kw key grid), got {grid_width}"
         )
     kh = lk // kw
-    if max(kh, kw) > MAX_GRID_SIDE:
+    if max(kh, kw) > MAX_GRID:
         raise ValueError(
             f"grid_width = {kw} gives a key grid kh × kw = {kh} × {kw}: the kernel takes "
-            f"kh, kw <= {MAX_GRID_SIDE} (it holds (block_q, kh) and (block_q, kw) gradients)"
+            f"kh, kw <= {MAX_GRID} (it holds (block_q, kh) and (block_q, kw) gradients)"
         )
     return kh, kw
 
