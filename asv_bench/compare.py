@@ -649,14 +649,18 @@ def _kernel_name(backend: Target) -> str:
     return "triton" if backend.is_torch else "pallas"
 
 
-def _kernel_over_fold_pair(backend: Target, length: int, dtype: str) -> Pair:
-    """Causal Transformer-XL on relattn's kernel against the block fold (forced), on the
-    Transformer-XL case's arrays."""
+def _kernel_case(backend: Target, length: int, dtype: str) -> tuple[tuple, Any, Any]:
+    """The Transformer-XL case's ``(q, k, v)``, relattn's causal call on them (the table
+    and biases bound) and that call on relattn's kernel (forced)."""
     a = gpu_arrays(backend, "transformer-xl", length, dtype)
     call = functools.partial(_transformer_xl, table=a["position_table"],
                              u=a["content_bias"], w=a["position_bias"])  # fmt: skip
-    qkv = (a["q"], a["k"], a["v"])
-    ours = _forced(call, _kernel_name(backend), backend)
+    return (a["q"], a["k"], a["v"]), call, _forced(call, _kernel_name(backend), backend)
+
+
+def _kernel_over_fold_pair(backend: Target, length: int, dtype: str) -> Pair:
+    """Causal Transformer-XL on relattn's kernel against the block fold (forced)."""
+    qkv, call, ours = _kernel_case(backend, length, dtype)
     theirs = _forced(call, "fold", backend)
     return _pair_of(backend, ours, theirs, qkv, qkv)
 
@@ -674,16 +678,12 @@ def _pair_of(backend: Target, ours: Any, theirs: Any, ours_args: tuple,
 def _kernel_over_alibi_pair(backend: Target, length: int, dtype: str) -> Pair:
     """Causal Transformer-XL on relattn's kernel against the simplest fast causal call of
     the library: FlexAttention's ALiBi (PyTorch), cuDNN's plain causal kernel (JAX)."""
-    a = gpu_arrays(backend, "transformer-xl", length, dtype)
-    call = functools.partial(_transformer_xl, table=a["position_table"],
-                             u=a["content_bias"], w=a["position_bias"])  # fmt: skip
-    qkv = (a["q"], a["k"], a["v"])
-    ours = _forced(call, _kernel_name(backend), backend)
+    qkv, _, ours = _kernel_case(backend, length, dtype)
     if backend.is_torch:
         import torch
 
         slopes = torch.asarray(np.asarray(relattn.alibi_slopes(GPU_HEADS), dtype=np.float32),
-                               device=a["q"].device)  # fmt: skip
+                               device=qkv[0].device)  # fmt: skip
         flex = native.torch_flex_attention(*qkv, slopes=slopes, causal=True)
         return Pair(functools.partial(ours, *qkv), functools.partial(flex, *qkv), same=False)
     import jax
