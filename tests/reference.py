@@ -162,3 +162,63 @@ def transformer_xl(params, tokens, *, heads, clamp_len):
         h = layer_norm(h + np.concatenate(per_head, axis=-1) @ p["w_o"])
         h = layer_norm(h + np.maximum(h @ p["w_1"] + p["b_1"], 0) @ p["w_2"] + p["b_2"])
     return h
+
+
+def relative_kernel_attention(q, k, v, *, qp=None, key_table=None, ks=None, query_table=None,
+                              relative_bias=None, grid_rows=None, grid_cols=None,
+                              grid_width=None, query_segments=None, key_segments=None,
+                              key_mask=None, causal=False):  # fmt: skip
+    """The relative kernels' attention, pair by pair (Dai et al. 2019, eq. (3); He et al.
+    2021, eq. (2)–(4); MViTv2 §3.1), in float64 on ``(B, H, L, ·)`` inputs:
+
+    ``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + grid_rows[i, j // kw] +
+    grid_cols[i, j % kw]) v``, ``m = j - i + Lq - 1`` (each term where given; ``kw`` the
+    width of ``grid_cols``). A key is left out where ``causal`` and ``j - i - (Lk - Lq) >
+    0``, where its segment differs from the query's, or where ``key_mask`` is False (its
+    values never read); a query with no key gives zeros. Tables, biases, the grid terms,
+    segments and the mask have up to two leading dims, broadcast to ``(B, H)``.
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    batch, heads, lq, _ = q.shape
+    lk = k.shape[2]
+
+    def full(x, trailing, dtype=np.float64):
+        if x is None:
+            return None
+        x = np.asarray(x, dtype)
+        x = x.reshape((1,) * (trailing + 2 - x.ndim) + x.shape)
+        return np.broadcast_to(x, (batch, heads, *x.shape[2:]))
+
+    kt, qt, bias = full(key_table, 2), full(query_table, 2), full(relative_bias, 1)
+    qp, ks = full(qp, 2), full(ks, 2)
+    rows, cols = full(grid_rows, 2), full(grid_cols, 2)
+    kw = None if cols is None else cols.shape[-1]
+    assert grid_width in (None, kw), "grid_width is the width of grid_cols"
+    q_seg, k_seg = full(query_segments, 1, np.int64), full(key_segments, 1, np.int64)
+    keep = full(key_mask, 1, bool)
+    out = np.zeros((batch, heads, lq, v.shape[-1]))
+    for b, h, i in np.ndindex(batch, heads, lq):
+        scores, keys = [], []
+        for j in range(lk):
+            if causal and j - i - (lk - lq) > 0:
+                continue
+            if q_seg is not None and q_seg[b, h, i] != k_seg[b, h, j]:
+                continue
+            if keep is not None and not keep[b, h, j]:
+                continue
+            m = j - i + lq - 1
+            s = q[b, h, i] @ k[b, h, j]
+            if kt is not None:
+                s += qp[b, h, i] @ kt[b, h, m]
+            if qt is not None:
+                s += ks[b, h, j] @ qt[b, h, m]
+            if bias is not None:
+                s += bias[b, h, m]
+            if rows is not None:
+                s += rows[b, h, i, j // kw] + cols[b, h, i, j % kw]
+            scores.append(s)
+            keys.append(j)
+        if scores:
+            w = np.exp(np.array(scores) - max(scores))
+            out[b, h, i] = (w / w.sum()) @ v[b, h, keys]
+    return out

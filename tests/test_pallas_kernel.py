@@ -21,6 +21,7 @@ import functools
 
 import numpy as np
 import pytest
+import reference
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("jax.experimental.pallas")
@@ -52,59 +53,6 @@ def _full(x, trailing, dtype=np.float64):
     x = np.asarray(x, dtype)
     x = x.reshape((1,) * (trailing + 2 - x.ndim) + x.shape)
     return np.broadcast_to(x, (B, H, *x.shape[2:]))
-
-
-def loop_reference(q, k, v, *, qp=None, key_table=None, ks=None, query_table=None,
-                   relative_bias=None, query_segments=None, key_segments=None,
-                   key_mask=None, grid_rows=None, grid_cols=None, grid_width=None,
-                   causal=False):  # fmt: skip
-    """``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + grid_rows[i, j // kw] +
-    grid_cols[i, j % kw]) v`` pair by pair in float64, ``m = j - i + Lq - 1``; with
-    ``causal`` the keys with ``j - i - (Lk - Lq) > 0`` are left out, with segments those of
-    other documents, with a key mask the masked ones (never read); a query with no key
-    gives zeros."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    segments = None
-    if query_segments is not None:
-        segments = (_full(query_segments, 1, np.int64), _full(key_segments, 1, np.int64))
-    keep = None if key_mask is None else _full(key_mask, 1, bool)
-    lq, lk = q.shape[2], k.shape[2]
-    kt = None if key_table is None else _full(key_table, 2)
-    qt = None if query_table is None else _full(query_table, 2)
-    bias = None if relative_bias is None else _full(relative_bias, 1)
-    qp = None if qp is None else np.asarray(qp, np.float64)
-    ks = None if ks is None else np.asarray(ks, np.float64)
-    gr = None if grid_rows is None else _full(grid_rows, 2)
-    gc = None if grid_cols is None else _full(grid_cols, 2)
-    kw = None if gc is None else (grid_width or gc.shape[-1])
-    out = np.zeros((*q.shape[:3], v.shape[-1]))
-    for b in range(B):
-        for h in range(H):
-            for i in range(lq):
-                scores, keys = [], []
-                for j in range(lk):
-                    if causal and j - i - (lk - lq) > 0:
-                        continue
-                    if segments is not None and segments[0][b, h, i] != segments[1][b, h, j]:
-                        continue
-                    if keep is not None and not keep[b, h, j]:
-                        continue
-                    m = j - i + lq - 1
-                    s = q[b, h, i] @ k[b, h, j]
-                    if kt is not None:
-                        s += qp[b, h, i] @ kt[b, h, m]
-                    if qt is not None:
-                        s += ks[b, h, j] @ qt[b, h, m]
-                    if bias is not None:
-                        s += bias[b, h, m]
-                    if gr is not None:
-                        s += gr[b, h, i, j // kw] + gc[b, h, i, j % kw]
-                    scores.append(s)
-                    keys.append(j)
-                if scores:
-                    w = np.exp(np.array(scores) - max(scores))
-                    out[b, h, i] = (w / w.sum()) @ v[b, h, keys]
-    return out
 
 
 def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, grid_rows, grid_cols,
@@ -213,7 +161,7 @@ def test_forward_matches_loop_reference(case, rng):
     x = make_inputs(rng, lq, lk, d, terms=terms, layout=layout, table_lead=lead)
     out = run(as_jax(x, jnp.float32), causal=causal, blocks=blocks)
     assert out.shape == (B, H, lq, 5) and out.dtype == jnp.float32
-    expected = loop_reference(**x, causal=causal)
+    expected = reference.relative_kernel_attention(**x, causal=causal)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
     if causal and lq > lk:
         assert not np.asarray(out)[:, :, : lq - lk].any()  # rows that see no key: zeros
@@ -224,7 +172,9 @@ def test_float64_matches_loop_reference_tightly(rng):
     x = make_inputs(rng, 12, 21, 8, table_lead=(H,))
     out = run(as_jax(x, jnp.float64), causal=True, blocks=(8, 16))
     assert out.dtype == jnp.float64
-    np.testing.assert_allclose(np.asarray(out), loop_reference(**x, causal=True), atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(out), reference.relative_kernel_attention(**x, causal=True), atol=1e-12
+    )
 
 
 @needs_x64
@@ -322,7 +272,9 @@ def test_half_precision(dtype, rng):
     out = run(x, causal=True, blocks=(16, 16))
     assert out.dtype == dtype
     np.testing.assert_allclose(
-        np.asarray(out, np.float64), loop_reference(**wide, causal=True), atol=2e-2
+        np.asarray(out, np.float64),
+        reference.relative_kernel_attention(**wide, causal=True),
+        atol=2e-2,
     )
     if dtype == "bfloat16":
         cotangent = jnp.asarray(rng.normal(size=(B, H, 21, 5)))
@@ -390,7 +342,7 @@ def test_masked_forward_matches_loop_reference(case, rng):
     m = masks(rng, lq, lk)
     out = run({**as_jax(x, jnp.float32), **{n: jnp.asarray(a) for n, a in m.items()}},
               causal=causal, blocks=blocks)  # fmt: skip
-    expected = loop_reference(**x, **m, causal=causal)
+    expected = reference.relative_kernel_attention(**x, **m, causal=causal)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
     empty = no_visible_key(expected)
     assert not np.asarray(out)[empty].any()  # rows that see no key: exactly zero
@@ -427,7 +379,7 @@ def test_masked_gradients_with_nan_in_masked_keys(case, rng):
     clean = as_jax(x, jnp.float64)
     f = kernel_fn(blocks, **{n: jnp.asarray(a) for n, a in m.items()})
     out = f(poisoned, causal)
-    expected_out = loop_reference(**x, **m, causal=causal)
+    expected_out = reference.relative_kernel_attention(**x, **m, causal=causal)
     np.testing.assert_allclose(np.asarray(out), expected_out, atol=1e-12)
     empty = no_visible_key(expected_out)
     assert empty.any() and not np.asarray(out)[empty].any()
@@ -469,7 +421,7 @@ def test_grid_forward_matches_loop_reference(case, rng):
     m = {} if masks is None else masks(rng, lq, lk)
     inputs = {**as_jax(x, jnp.float32), **{n: jnp.asarray(a) for n, a in m.items()}}
     out = run(inputs, causal=causal, blocks=blocks, grid_width=grid[1])
-    expected = loop_reference(**x, **m, causal=causal)
+    expected = reference.relative_kernel_attention(**x, **m, causal=causal)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
     assert not np.asarray(out)[no_visible_key(expected)].any()
 

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+import reference
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
@@ -72,56 +73,6 @@ def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0, grid_width=N
         x["grid_rows"] = normal(batch, heads, lq, lk // grid_width)
         x["grid_cols"] = normal(batch, heads, lq, grid_width)
     return x
-
-
-def loop_reference(
-    x, causal, query_segments=None, key_segments=None, key_mask=None, grid_width=None
-):
-    """``out[b, h, i]`` from the formula, one pair ``(i, j)`` at a time (NumPy float64);
-    segments and the key mask ``(..., L)`` broadcast to ``(B, H, L)``, the grid terms
-    ``(..., Lq, kh)`` and ``(..., Lq, kw)`` to ``(B, H, Lq, ·)``."""
-    q, k, v = x["q"], x["k"], x["v"]
-    batch, heads, lq, _ = q.shape
-    lk = k.shape[2]
-    lead = (batch, heads)
-    qs, ks_, km = (
-        None if a is None else np.broadcast_to(np.asarray(a), (*lead, n))
-        for a, n in ((query_segments, lq), (key_segments, lk), (key_mask, lk))
-    )
-    kr, qr, b = (x.get(n) for n in ("key_table", "query_table", "relative_bias"))
-    kr = None if kr is None else np.broadcast_to(kr, (*lead, *kr.shape[-2:]))
-    qr = None if qr is None else np.broadcast_to(qr, (*lead, *qr.shape[-2:]))
-    b = None if b is None else np.broadcast_to(b, (*lead, b.shape[-1]))
-    rows, cols = (x.get(n) for n in ("grid_rows", "grid_cols"))
-    if rows is not None:
-        rows = np.broadcast_to(rows, (*lead, lq, rows.shape[-1]))
-        cols = np.broadcast_to(cols, (*lead, lq, grid_width))
-    out = np.zeros((batch, heads, lq, v.shape[-1]))
-    for n, h, i in np.ndindex(batch, heads, lq):
-        keys, scores = [], []
-        for j in range(lk):
-            if causal and j - i - (lk - lq) > 0:
-                continue
-            if qs is not None and qs[n, h, i] != ks_[n, h, j]:
-                continue
-            if km is not None and not km[n, h, j]:
-                continue
-            m = j - i + lq - 1
-            s = q[n, h, i] @ k[n, h, j]
-            if kr is not None:
-                s += x["qp"][n, h, i] @ kr[n, h, m]
-            if qr is not None:
-                s += x["ks"][n, h, j] @ qr[n, h, m]
-            if b is not None:
-                s += b[n, h, m]
-            if rows is not None:
-                s += rows[n, h, i, j // grid_width] + cols[n, h, i, j % grid_width]
-            keys.append(j)
-            scores.append(s)
-        if keys:
-            p = np.exp(np.array(scores) - max(scores))
-            out[n, h, i] = (p / p.sum()) @ v[n, h, keys]
-    return out
 
 
 def dense_reference(
@@ -208,7 +159,10 @@ def test_forward_against_loop(case, terms):
     x = make_inputs(lq, lk, layout, TERMS[terms])
     out = run_kernel(tensors(x, torch.float32), causal, block_q=16, block_k=16)
     np.testing.assert_allclose(
-        out.detach().double().numpy(), loop_reference(x, causal), rtol=1e-5, atol=1e-5
+        out.detach().double().numpy(),
+        reference.relative_kernel_attention(**x, causal=causal),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
@@ -256,7 +210,7 @@ def test_tile_shapes():
     x = make_inputs(lq, lk, layout, TERMS["all"])
     check_gradients(x, causal, torch.float32, 1e-5)  # 16 x 16
     t = tensors(x, torch.float32)
-    expected = torch.from_numpy(loop_reference(x, causal))
+    expected = torch.from_numpy(reference.relative_kernel_attention(**x, causal=causal))
     for blocks in ({"block_q": 16, "block_k": 32}, {"block_q": 32, "block_k": 16}, {}):
         out = run_kernel(t, causal, **blocks)
         torch.testing.assert_close(out.detach().double(), expected, rtol=1e-5, atol=1e-5)
@@ -376,7 +330,10 @@ def test_segments_and_key_mask(case, which):
     t = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in masks.items()}
     out = run_kernel(tensors(x, torch.float32), causal, block_q=16, block_k=16, **t)
     np.testing.assert_allclose(
-        out.detach().double().numpy(), loop_reference(x, causal, **masks), rtol=1e-5, atol=1e-5
+        out.detach().double().numpy(),
+        reference.relative_kernel_attention(**x, causal=causal, **masks),
+        rtol=1e-5,
+        atol=1e-5,
     )
     check_gradients(x, causal, torch.float32, 1e-5, t)
 
@@ -488,7 +445,7 @@ def test_grid_terms(case):
     out = run_kernel(
         tensors(x, torch.float32), causal, block_q=16, block_k=16, grid_width=width, **t
     )
-    expected = loop_reference(x, causal, grid_width=width, **masks)
+    expected = reference.relative_kernel_attention(**x, causal=causal, grid_width=width, **masks)
     np.testing.assert_allclose(out.detach().double().numpy(), expected, rtol=1e-5, atol=1e-5)
     check_gradients(x, causal, torch.float32, 1e-5, {**t, "grid_width": width})
 
