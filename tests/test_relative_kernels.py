@@ -7,6 +7,7 @@ kernels' own tests are ``test_triton_kernel.py`` and ``test_pallas_kernel.py``."
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -104,32 +105,36 @@ def test_segments_and_a_key_mask_on_the_forced_kernel(jit_backend, case, rng):
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
 
 
-def _gradients(target: Target, arrays: dict, case: str, **options) -> dict:
-    names = list(arrays)
-    cotangent = np.random.default_rng(5).standard_normal((1, 2, CASES[case][0], 6))
+def _with_gradients(target: Target, fn: Any, arrays: dict, cotangent: np.ndarray) -> tuple:
+    """``fn(arrays)`` on the host and the gradient of ``Σ fn(arrays) · cotangent`` with
+    respect to each array, by name (torch autograd or ``jax.grad``)."""
     if target.is_torch:
         import torch
 
         leaves = {n: a.detach().clone().requires_grad_(True) for n, a in arrays.items()}
-        out = _call(leaves, case, **options)
+        out = fn(leaves)
         out.backward(torch.as_tensor(cotangent, dtype=out.dtype, device=out.device))
-        return {n: target.to_host(leaves[n].grad) for n in names}
+        return target.to_host(out), {n: target.to_host(leaf.grad) for n, leaf in leaves.items()}
     import jax
 
-    def loss(values: dict) -> object:
-        return (_call(values, case, **options) * cotangent).sum()
+    def loss(values: dict) -> tuple:
+        out = fn(values)
+        return (out * cotangent).sum(), out
 
-    grads = jax.grad(loss)(arrays)
-    return {n: target.to_host(grads[n]) for n in names}
+    grads, out = jax.grad(loss, has_aux=True)(arrays)
+    return target.to_host(out), {n: target.to_host(g) for n, g in grads.items()}
 
 
 @pytest.mark.parametrize("case", ["transformer_xl", "deberta"])
 def test_the_forced_kernels_gradients_equal_the_folds(jit_backend, case, rng):
     name = _kernel(jit_backend)
     arrays = {n: jit_backend.asarray(a, "float32") for n, a in _inputs(rng, case).items()}
-    expected = _gradients(jit_backend, arrays, case, block_size=(4, 4))
+    cotangent = np.random.default_rng(5).standard_normal((1, 2, CASES[case][0], 6))
+    _, expected = _with_gradients(
+        jit_backend, lambda a: _call(a, case, block_size=(4, 4)), arrays, cotangent
+    )
     with relattn.config.override(path=name):
-        got = _gradients(jit_backend, arrays, case)
+        _, got = _with_gradients(jit_backend, lambda a: _call(a, case), arrays, cotangent)
     for n in arrays:
         np.testing.assert_allclose(got[n], expected[n], rtol=5e-5, atol=5e-5, err_msg=n)
 
@@ -156,21 +161,10 @@ def test_the_decomposed_terms_on_the_forced_kernel(jit_backend, rng):
     cotangent = rng.standard_normal((1, 2, 20, 6))
 
     def run(**options: object) -> tuple:
-        if jit_backend.is_torch:
-            import torch
+        def call(values: dict) -> object:
+            return sam(*(values[n] for n in names), **grids, **options)  # pytrees sort keys
 
-            leaves = {n: a.detach().clone().requires_grad_(True) for n, a in arrays.items()}
-            out = sam(*leaves.values(), **grids, **options)
-            out.backward(torch.as_tensor(cotangent, dtype=out.dtype))
-            return jit_backend.to_host(out), [jit_backend.to_host(leaves[n].grad) for n in names]
-        import jax
-
-        def loss(values: dict) -> object:
-            out = sam(*(values[n] for n in names), **grids, **options)  # pytrees sort keys
-            return (out * cotangent).sum(), out
-
-        grads, out = jax.grad(loss, has_aux=True)(arrays)
-        return jit_backend.to_host(out), [jit_backend.to_host(grads[n]) for n in names]
+        return _with_gradients(jit_backend, call, arrays, cotangent)
 
     expected, expected_grads = run(block_size=(8, 4))
     with relattn.config.override(path=name):
@@ -178,8 +172,8 @@ def test_the_decomposed_terms_on_the_forced_kernel(jit_backend, rng):
         out, grads = run()
     assert plan.path == name
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
-    for n, got, want in zip(names, grads, expected_grads, strict=True):
-        np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5, err_msg=n)
+    for n in names:
+        np.testing.assert_allclose(grads[n], expected_grads[n], rtol=5e-5, atol=5e-5, err_msg=n)
 
 
 class _Device:
