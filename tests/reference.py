@@ -167,16 +167,19 @@ def transformer_xl(params, tokens, *, heads, clamp_len):
 def relative_kernel_attention(q, k, v, *, qp=None, key_table=None, ks=None, query_table=None,
                               relative_bias=None, grid_rows=None, grid_cols=None,
                               grid_width=None, query_segments=None, key_segments=None,
-                              key_mask=None, causal=False):  # fmt: skip
+                              key_mask=None, query_positions=None, key_positions=None,
+                              causal=False):  # fmt: skip
     """The relative kernels' attention, pair by pair (Dai et al. 2019, eq. (3); He et al.
     2021, eq. (2)–(4); MViTv2 §3.1), in float64 on ``(B, H, L, ·)`` inputs:
 
     ``softmax_j(q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + grid_rows[i, j // kw] +
-    grid_cols[i, j % kw]) v``, ``m = j - i + Lq - 1`` (each term where given; ``kw`` the
-    width of ``grid_cols``). A key is left out where ``causal`` and ``j - i - (Lk - Lq) >
-    0``, where its segment differs from the query's, or where ``key_mask`` is False (its
-    values never read); a query with no key gives zeros. Tables, biases, the grid terms,
-    segments and the mask have up to two leading dims, broadcast to ``(B, H)``.
+    grid_cols[i, j % kw]) v``, ``m = δ + Lk - 1`` clipped to the table's rows ``[0, W)``
+    with ``δ = key_positions[j] - query_positions[i]`` (by default ``j - i - (Lk - Lq)``:
+    ``m = j - i + Lq - 1``) (each term where given; ``kw`` the width of ``grid_cols``). A
+    key is left out where ``causal`` and ``δ > 0``, where its segment differs from the
+    query's, or where ``key_mask`` is False (its values never read); a query with no key
+    gives zeros. Tables, biases, the grid terms, segments, positions and the mask have up
+    to two leading dims, broadcast to ``(B, H)``.
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     batch, heads, lq, _ = q.shape
@@ -196,17 +199,22 @@ def relative_kernel_attention(q, k, v, *, qp=None, key_table=None, ks=None, quer
     assert grid_width in (None, kw), "grid_width is the width of grid_cols"
     q_seg, k_seg = full(query_segments, 1, np.int64), full(key_segments, 1, np.int64)
     keep = full(key_mask, 1, bool)
+    q_pos = full(np.arange(lq) + lk - lq if query_positions is None else query_positions, 1,
+                 np.int64)  # fmt: skip
+    k_pos = full(np.arange(lk) if key_positions is None else key_positions, 1, np.int64)
+    width = next((t.shape[2] for t in (kt, qt, bias) if t is not None), lq + lk - 1)
     out = np.zeros((batch, heads, lq, v.shape[-1]))
     for b, h, i in np.ndindex(batch, heads, lq):
         scores, keys = [], []
         for j in range(lk):
-            if causal and j - i - (lk - lq) > 0:
+            delta = k_pos[b, h, j] - q_pos[b, h, i]
+            if causal and delta > 0:
                 continue
             if q_seg is not None and q_seg[b, h, i] != k_seg[b, h, j]:
                 continue
             if keep is not None and not keep[b, h, j]:
                 continue
-            m = j - i + lq - 1
+            m = min(max(delta + lk - 1, 0), width - 1)
             s = q[b, h, i] @ k[b, h, j]
             if kt is not None:
                 s += qp[b, h, i] @ kt[b, h, m]

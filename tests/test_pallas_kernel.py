@@ -12,7 +12,12 @@ padding): against the references with the mask, NaN in the masked keys' rows, ro
 no visible key in the middle of a sequence, broadcast shapes. The decomposed 2-D terms of
 MViTv2 / ViTDet / SAM (keys on a ``kh × kw`` grid): alone and with every other term, the
 causal rule, segments, a key mask; their gradients; against relattn's own
-``decomposed_relative_attention``.
+``decomposed_relative_attention``. Positions as data (SPEC §2.15): a cache's offset
+positions, packed documents restarting at 0, permutations, repeated positions and distances
+beyond the table (clipped), against the loop reference and (gradients, NaN in the rows only
+hidden pairs read) a dense float64 implementation; positions equal to the defaults against
+the contiguous path. Lowered for CUDA through Pallas's Triton lowering (``interpret=False``,
+run on the CPU without executing): every term, forward and backward.
 """
 
 from __future__ import annotations
@@ -57,22 +62,27 @@ def _full(x, trailing, dtype=np.float64):
 
 def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, grid_rows, grid_cols,
               causal, query_segments=None, key_segments=None, key_mask=None,
-              grid_width=None):  # fmt: skip
+              grid_width=None, query_positions=None, key_positions=None):  # fmt: skip
     """The same scores as one gathered ``(B, H, Lq, Lk)`` array, for ``jax.grad``: each
-    table gathered at ``m(i, j)`` (zero where a causal-layout table lacks the column, a
-    masked cell), the decomposed terms at ``j // kw`` and ``j % kw``; segments and the key
-    mask as a select of the visible cells (so its inputs must be finite)."""
+    table gathered at ``m = δ + Lk - 1`` clipped to its rows, ``δ = key_positions[j] -
+    query_positions[i]`` (by default ``j - i - (Lk - Lq)``), the decomposed terms at ``j //
+    kw`` and ``j % kw``; the causal rule (``δ <= 0``), segments and the key mask as a
+    select of the visible cells (so its inputs must be finite)."""
     lq, lk = q.shape[2], k.shape[2]
-    i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
-    m = j - i + lq - 1
+    default = query_positions is None
+    query_positions = np.arange(lq) + lk - lq if default else query_positions
+    key_positions = np.arange(lk) if default else key_positions
+    distance = (
+        _full(key_positions, 1, np.int64)[..., None, :]
+        - _full(query_positions, 1, np.int64)[..., :, None]
+    )  # (B, H, Lq, Lk)
+    batch, heads = np.arange(B)[:, None, None, None], np.arange(H)[None, :, None, None]
 
     def at_m(table, trailing):
         lead = table.shape[: table.ndim - trailing]
         table = table.reshape((1,) * (2 - len(lead)) + table.shape)
-        width = table.shape[2]
-        rows = table[:, :, np.minimum(m, width - 1)]
-        inside = (m < width)[..., None] if trailing == 2 else m < width
-        return jnp.where(inside, rows, 0)
+        table = jnp.broadcast_to(table, (B, H, *table.shape[2:]))
+        return table[batch, heads, np.clip(distance + lk - 1, 0, table.shape[2] - 1)]
 
     s = jnp.einsum("bhid,bhjd->bhij", q, k)
     if key_table is not None:
@@ -85,7 +95,7 @@ def dense_jax(q, k, v, qp, key_table, ks, query_table, relative_bias, grid_rows,
         kw = grid_width or grid_cols.shape[-1]
         keys = np.arange(lk)
         s += grid_rows[..., keys // kw] + grid_cols[..., keys % kw]
-    visible = jnp.asarray((j - i - (lk - lq) <= 0) if causal else np.ones((lq, lk), bool))
+    visible = jnp.asarray(distance <= 0 if causal else np.ones(distance.shape, bool))
     if query_segments is not None:
         qs, kseg = _full(query_segments, 1, np.int64), _full(key_segments, 1, np.int64)
         visible = visible & (qs[..., :, None] == kseg[..., None, :])
@@ -494,6 +504,189 @@ def test_matches_relattn_decomposed(rng):
 
 
 # ------------------------------------------------------------------------------------------
+# Positions as data (SPEC §2.15)
+# ------------------------------------------------------------------------------------------
+def restarting(ids):
+    """Positions that restart at 0 with each document of the sorted ids ``(..., L)``."""
+    ids = np.asarray(ids)
+    index = np.arange(ids.shape[-1])
+    starts = np.maximum.accumulate(np.where(np.diff(ids, prepend=-1) != 0, index, 0), axis=-1)
+    return index - starts
+
+
+def packed(r, lq, lk):
+    """Self-attention over packed documents: their ids, positions restarting with each, a
+    random key mask."""
+    ids = documents(r, (B, 1), lq)
+    return {"query_segments": ids, "key_segments": ids, "query_positions": restarting(ids),
+            "key_positions": restarting(ids), "key_mask": key_keep(r, (), lk)}  # fmt: skip
+
+
+def table_rows(name, rows):
+    """The index of rows ``rows`` of a table (its axis ``-2``) or of the bias (axis ``-1``)."""
+    return (..., rows) if name == "relative_bias" else (..., rows, slice(None))
+
+
+def with_nan_rows(x, rows):
+    """``x`` (float64 NumPy) with NaN in rows ``rows`` of each table."""
+    x = dict(x)
+    for name in TABLES:
+        if name in x:
+            x[name] = x[name].copy()
+            x[name][table_rows(name, rows)] = np.nan
+    return x
+
+
+#: name -> (Lq, Lk, terms, layout, causal, tiles, table lead, key grid, positions etc.(rng,
+#: lq, lk)).
+POSITION_FORWARD_CASES = {
+    # A cache: queries at 100.. after 16 earlier keys; the default positions, offset.
+    "cache-offset-causal-layout-decode": (7, 23, TABLES, "causal", True, (8, 8), (B, H), None,
+        lambda r, lq, lk: {"query_positions": 100 + np.arange(lq),
+                           "key_positions": 100 - (lk - lq) + np.arange(lk)}),
+    # Packed documents, positions restarting at 0 in each, a key mask.
+    "packed-documents-causal-(H,)": (20, 20, TABLES, "full", True, (8, 16), (H,), None, packed),
+    # Permutations per head: any distance, Lq > Lk, int16 with uint8 positions.
+    "permutations-lq>lk-(1,H)-int16-uint8": (19, 11, TABLES, "full", False, (16, 8), (1, H), None,
+        lambda r, lq, lk: {
+            "query_positions": np.stack([r.permutation(lq) for _ in range(H)]).astype(np.int16),
+            "key_positions": r.permutation(lk).astype(np.uint8)}),
+    # Repeated positions and distances beyond the table (clipped), rows that see no key,
+    # with the decomposed terms and a key mask.
+    "repeated-clipped-causal-grid-mask": (13, 18, TABLES, "full", True, (8, 8), (B, H), (3, 6),
+        lambda r, lq, lk: {"query_positions": r.integers(-60, 60, (B, 1, lq)),
+                           "key_positions": r.integers(-60, 60, (B, 1, lk)),
+                           "key_mask": key_keep(r, (B, 1), lk)}),
+    "bias-alone-clipped-not-causal": (10, 25, ("relative_bias",), "full", False, (8, 16), (H,),
+        None, lambda r, lq, lk: {"query_positions": r.integers(0, 400, lq),
+                                 "key_positions": r.integers(0, 400, lk)}),
+}  # fmt: skip
+
+
+def position_problem(case, table, rng):
+    """A case's float64 NumPy inputs and its positions (segments, masks) as NumPy arrays."""
+    lq, lk, terms, layout, causal, blocks, lead, grid, extras = table[case]
+    x = make_inputs(rng, lq, lk, 8, terms=terms, layout=layout, table_lead=lead, grid=grid)
+    return x, extras(rng, lq, lk), causal, blocks
+
+
+@pytest.mark.parametrize("case", POSITION_FORWARD_CASES)
+def test_positions_forward_matches_loop_reference(case, rng):
+    x, m, causal, blocks = position_problem(case, POSITION_FORWARD_CASES, rng)
+    out = run({**as_jax(x, jnp.float32), **{n: jnp.asarray(a) for n, a in m.items()}},
+              causal=causal, blocks=blocks)  # fmt: skip
+    expected = reference.relative_kernel_attention(**x, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=2e-5)
+    assert not np.asarray(out)[no_visible_key(expected)].any()  # rows that see no key: zeros
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_positions_half_precision(dtype, rng):
+    """Half-precision inputs with positions (several windows per pair, clipping), against
+    float64 on the same rounded inputs."""
+    x, m, causal, blocks = position_problem(
+        "repeated-clipped-causal-grid-mask", POSITION_FORWARD_CASES, rng
+    )
+    x = as_jax(x, dtype)
+    out = run({**x, **{n: jnp.asarray(a) for n, a in m.items()}}, causal=causal, blocks=blocks)
+    assert out.dtype == dtype
+    wide = {name: np.asarray(a, np.float64) for name, a in x.items()}
+    expected = reference.relative_kernel_attention(**wide, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, atol=2e-2)
+
+
+#: name -> (Lq, Lk, terms, layout, causal, tiles, table lead, key grid, positions etc.(rng,
+#: lq, lk)).
+POSITION_GRADIENT_CASES = {
+    # NaN in the masked keys' rows and in the table rows of δ > 0 (m >= Lk), which only
+    # hidden pairs read.
+    "packed-documents-causal-nan": (19, 19, TABLES, "full", True, (8, 16), (H,), None, packed),
+    "repeated-clipped-not-causal-lq<lk-grid-(1,H)": (
+        11, 18, TABLES, "full", False, (8, 8), (1, H), (3, 6), lambda r, lq, lk: {
+            "query_positions": r.integers(-30, 30, (H, lq)),
+            "key_positions": r.integers(-30, 30, (B, 1, lk))}),
+    "permutations-causal-layout-lq>lk": (18, 9, TABLES, "causal", True, (16, 8), (), None,
+        lambda r, lq, lk: {"query_positions": r.permutation(lq),
+                           "key_positions": r.permutation(lk)}),
+}  # fmt: skip
+
+
+@needs_x64
+@pytest.mark.parametrize("case", POSITION_GRADIENT_CASES)
+def test_positions_gradients_match_dense_autodiff(case, rng):
+    """Every input's gradient against autodiff of the dense float64 scores; where the case
+    has a key mask, NaN in the masked keys' rows and in the tables' rows of ``δ > 0``
+    (finite values for the reference): every gradient finite, those rows' zero."""
+    x, m, causal, blocks = position_problem(case, POSITION_GRADIENT_CASES, rng)
+    lq, lk = x["q"].shape[2], x["k"].shape[2]
+    poisoned = x
+    if "key_mask" in m:
+        poisoned = with_nan_rows(with_nan_keys(x, m["key_mask"]), np.arange(lk, lq + lk - 1))
+    cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
+    f = kernel_fn(blocks, **{n: jnp.asarray(a) for n, a in m.items()})
+    out = f(as_jax(poisoned, jnp.float64), causal)
+    expected_out = reference.relative_kernel_attention(**x, **m, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), expected_out, atol=1e-12)
+    got = grads(f, as_jax(poisoned, jnp.float64), cotangent, causal)
+    expected = grads(functools.partial(dense_fn, **m), as_jax(x, jnp.float64), cotangent, causal)
+    assert set(got) == set(expected) >= {"key_table", "query_table", "relative_bias"}
+    for name in got:
+        assert got[name].shape == x[name].shape, name
+        assert np.isfinite(got[name]).all(), name
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-11, err_msg=name)
+    if "key_mask" in m:  # the rows of δ > 0, which no visible pair reads
+        for name in TABLES:
+            assert not np.asarray(got[name])[table_rows(name, slice(lk, None))].any()
+
+
+@needs_x64
+def test_default_positions_match_the_contiguous_path(rng):
+    """Positions equal to the defaults, offset by ``2⁴⁰`` (int64): the positions path's
+    output and gradients equal the contiguous path's (every term, ``causal``, ``Lq !=
+    Lk``, a key mask), also under ``jax.jit``."""
+    lq, lk = 12, 21
+    x = as_jax(make_inputs(rng, lq, lk, 8, grid=(3, 7), table_lead=(H,)), jnp.float64)
+    mask = {"key_mask": jnp.asarray(key_keep(rng, (), lk))}
+    offset = 2**40
+    positions = {
+        "query_positions": jnp.asarray(offset + np.arange(lq) + lk - lq, jnp.int64),
+        "key_positions": jnp.asarray(offset + np.arange(lk), jnp.int64),
+    }
+    cotangent = jnp.asarray(rng.normal(size=(B, H, lq, 5)))
+    contiguous = kernel_fn((8, 16), **mask)
+    with_positions = kernel_fn((8, 16), **mask, **positions)
+    np.testing.assert_allclose(
+        jax.jit(with_positions, static_argnums=1)(x, True), contiguous(x, True), atol=1e-13
+    )
+    got = grads(with_positions, x, cotangent, True)
+    expected = grads(contiguous, x, cotangent, True)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-12, err_msg=name)
+
+
+@needs_x64
+def test_positions_under_jit(rng):
+    """The positions traced arguments of ``jax.jit``: equal to eager, and differentiated."""
+    x = as_jax(make_inputs(rng, 9, 14, 8), jnp.float64)
+    m = {
+        "query_positions": rng.integers(0, 20, (B, 1, 9)),
+        "key_positions": rng.integers(0, 20, 14),
+    }
+    positions = {n: jnp.asarray(a) for n, a in m.items()}
+
+    def f(x, positions):
+        return run({**x, **positions}, causal=True, blocks=(8, 8))
+
+    eager = f(x, positions)
+    np.testing.assert_allclose(jax.jit(f)(x, positions), eager, atol=1e-14)
+    cotangent = jnp.asarray(rng.normal(size=eager.shape))
+    grad = jax.jit(jax.grad(lambda x, p: jnp.sum(f(x, p) * cotangent)))(x, positions)
+    expected = grads(functools.partial(dense_fn, **m), x, cotangent, True)
+    for name in expected:
+        np.testing.assert_allclose(grad[name], expected[name], atol=1e-11, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------
 # jax.jit
 # ------------------------------------------------------------------------------------------
 @needs_x64
@@ -520,6 +713,78 @@ def test_jit_equals_eager_and_differentiates(rng):
     assert set(grad) == set(expected) >= {"grid_rows", "grid_cols"}
     for name in expected:
         np.testing.assert_allclose(grad[name], expected[name], atol=1e-11, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------
+# Compiled for GPUs: Pallas's Triton lowering, run on the CPU (nothing executes)
+# ------------------------------------------------------------------------------------------
+def lower_for_cuda(x, ints, **options):
+    """The StableHLO text of the kernel's forward and backward (``jax.vjp`` through its
+    ``custom_vjp``) lowered for CUDA with ``interpret=False``: each ``pallas_call`` through
+    Pallas's Triton lowering, into a Triton custom call."""
+    names = list(x)
+
+    def kernel(*arrays):
+        return relative_attention_kernel(
+            **dict(zip(names, arrays, strict=True)), **ints, interpret=False, **options
+        )
+
+    def forward_backward(*arrays):
+        out, vjp = jax.vjp(kernel, *arrays)
+        return out, vjp(out)
+
+    lowered = jax.jit(forward_backward).trace(*x.values()).lower(lowering_platforms=("cuda",))
+    return lowered.as_text()
+
+
+#: name -> (terms, key grid, causal, Lq, integer inputs(rng, lq, lk)); Lk = 18.
+LOWERING_CASES = {
+    "content": ((), None, False, 20, None),
+    "key-table": (("key_table",), None, False, 20, None),
+    "query-table-causal-lq<lk": (("query_table",), None, True, 11, None),
+    "bias-causal-lq>lk": (("relative_bias",), None, True, 33, None),
+    "grid": ((), (3, 6), False, 20, None),
+    "all-segments-mask-causal": (TABLES, (3, 6), True, 20, lambda r, lq, lk: {
+        "query_segments": documents(r, (B, 1), lq), "key_segments": documents(r, (B, 1), lk),
+        "key_mask": key_keep(r, (), lk)}),
+    "positions-all-causal-segments-mask": (TABLES, (3, 6), True, 20, lambda r, lq, lk: {
+        "query_positions": r.integers(0, 40, (B, 1, lq)), "key_positions": r.integers(0, 40, lk),
+        "query_segments": documents(r, (B, 1), lq), "key_segments": documents(r, (B, 1), lk),
+        "key_mask": key_keep(r, (), lk)}),
+    "positions-bias-int64": (("relative_bias",), None, False, 11, lambda r, lq, lk: {
+        "query_positions": np.arange(lq, dtype=np.int64) + 2**40,
+        "key_positions": np.arange(lk, dtype=np.int64) + 2**40}),
+}  # fmt: skip
+
+
+#: Every case in float32, those with every term in the half dtypes too (float64 is not for
+#: GPUs).
+LOWERINGS = [(case, "float32") for case in LOWERING_CASES] + [
+    (case, dtype)
+    for case in ("all-segments-mask-causal", "positions-all-causal-segments-mask")
+    for dtype in ("bfloat16", "float16")
+]
+
+
+@pytest.mark.parametrize(("case", "dtype"), LOWERINGS)
+def test_lowers_to_triton_for_cuda(case, dtype, rng):
+    """Every term, the masks and the positions, forward and backward: one Triton kernel per
+    ``pallas_call``, the tables' gradient kernel only with contiguous positions (with
+    positions the ``dq`` kernel adds the tables' gradients)."""
+    terms, grid, causal, lq, extras = LOWERING_CASES[case]
+    lk = 18
+    x = as_jax(make_inputs(rng, lq, lk, 8, terms=terms, grid=grid), dtype)
+    ints = {} if extras is None else {n: jnp.asarray(a) for n, a in extras(rng, lq, lk).items()}
+    text = lower_for_cuda(x, ints, causal=causal, grid_width=None if grid is None else grid[1])
+    tables_kernel = bool(terms) and "query_positions" not in ints
+    assert text.count("__gpu$xla.gpu.triton") == 3 + tables_kernel  # forward, dq, dkv
+
+
+def test_compiled_run_on_the_cpu_fails_cleanly(rng):
+    """``interpret=False`` on CPU arrays lowers (above) but does not run: JAX's ValueError."""
+    x = as_jax(make_inputs(rng, 4, 6, 8), jnp.float32)
+    with pytest.raises(ValueError, match="interpret mode"):
+        run(x, causal=False, blocks=(16, 16), interpret=False)
 
 
 # ------------------------------------------------------------------------------------------
@@ -579,6 +844,28 @@ BAD = {
                             r"dims, got shape \(1, 1, 1, 6\)"),
     "mask-int": (lambda r: _bad(r, key_mask=jnp.ones(6, jnp.int32)), TypeError,
                  r"key_mask must be bool \(True: the key may be seen\), got int32"),
+    # Positions: Lq = 4, Lk = 6.
+    "query-positions-alone": (lambda r: _bad(r, query_positions=jnp.arange(4)), ValueError,
+                              r"query_positions needs key_positions: give both or neither"),
+    "key-positions-alone": (lambda r: _bad(r, key_positions=jnp.arange(6)), ValueError,
+                            r"key_positions needs query_positions"),
+    "positions-float": (lambda r: _bad(r, query_positions=jnp.arange(4.0),
+                                       key_positions=jnp.arange(6)), TypeError,
+                        r"query_positions must have an integer dtype \(positions\), got float"),
+    "positions-bool": (lambda r: _bad(r, query_positions=jnp.arange(4),
+                                      key_positions=jnp.ones(6, bool)), TypeError,
+                       r"key_positions must have an integer dtype \(positions\), got bool"),
+    "positions-length": (lambda r: _bad(r, query_positions=jnp.arange(4),
+                                        key_positions=jnp.arange(5)), ValueError,
+                         r"key_positions must have shape \(\.\.\., Lk\) = \(\.\.\., 6\), "
+                         r"got Lk = 5"),
+    "positions-lead": (lambda r: _bad(r, query_positions=jnp.zeros((3, 4), int),
+                                      key_positions=jnp.arange(6)), ValueError,
+                       r"query_positions's leading dims \(3,\) must broadcast to \(B, H\)"),
+    "positions-3-leading-dims": (lambda r: _bad(r, query_positions=jnp.arange(4),
+                                                key_positions=jnp.zeros((1, 1, 1, 6), int)),
+                                 ValueError, r"key_positions must have shape .* with at most 2 "
+                                 r"leading dims"),
     # The decomposed terms: Lq = 4, a key grid of 2 × 3 (Lk = 6).
     "grid-rows-alone": (lambda r: _bad(r, grid_rows=_zeros((4, 2))), ValueError,
                         r"grid_rows needs grid_cols: give both or neither"),

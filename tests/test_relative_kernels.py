@@ -19,18 +19,12 @@ from relattn.testing import Target
 pytestmark = [pytest.mark.slow]
 
 
-def _kernel(target: Target, *, shifted: bool = True) -> str:
-    """The kernel's path name on ``target``, skipping where its library is missing, or
-    where (``shifted``: a table or per-distance term) this JAX's Pallas GPU backend cannot
-    lower the kernel's in-tile shift."""
+def _kernel(target: Target) -> str:
+    """The kernel's path name on ``target``, skipping where its library is missing."""
     if target.is_torch:
         pytest.importorskip("triton")
         return "triton"
     pytest.importorskip("jax.experimental.pallas")
-    from relattn.backends import _relative
-
-    if shifted and target.gpu and not _relative._pallas_gathers():
-        pytest.skip("this JAX's Pallas GPU backend lowers no gather (the in-tile shift)")
     return "pallas"
 
 
@@ -105,6 +99,52 @@ def test_segments_and_a_key_mask_on_the_forced_kernel(jit_backend, case, rng):
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
 
 
+#: Positions as data: a cache (queries at 30 on, keys from 30 - (Lk - Lq)), packed documents
+#: restarting at 0 (with their segment ids), and scattered positions (distances past the
+#: table's edges, clipped).
+POSITIONS = ["cache", "packed", "scattered"]
+
+
+def _positions(target: Target, kind: str, lq: int, lk: int) -> dict:
+    if kind == "cache":
+        keys = np.arange(lk) + 30 - (lk - lq)
+        return {"positions": (target.asarray(keys[lk - lq :]), target.asarray(keys))}
+    if kind == "packed":
+        documents = np.arange(lk) * 2 // lk
+        starts = np.searchsorted(documents, documents)
+        keys, segments = np.arange(lk) - starts, documents
+        return {
+            "positions": (target.asarray(keys[lk - lq :]), target.asarray(keys)),
+            "segment_ids": (target.asarray(segments[lk - lq :]), target.asarray(segments)),
+        }
+    rng = np.random.default_rng(11)
+    queries = rng.integers(-lk, lk, (1, 1, lq))
+    return {"positions": (target.asarray(queries), target.asarray(rng.integers(-lk, lk, lk)))}
+
+
+@pytest.mark.parametrize("kind", POSITIONS)
+@pytest.mark.parametrize("case", ["memory", "deberta"])
+def test_positions_as_data_on_the_forced_kernel(jit_backend, case, kind, rng):
+    """Positions as data reach the kernel (each tile pair's table windows): output and
+    every gradient equal the fold's."""
+    name = _kernel(jit_backend)
+    arrays = {n: jit_backend.asarray(a, "float32") for n, a in _inputs(rng, case).items()}
+    extra = _positions(jit_backend, kind, *CASES[case][:2])
+    cotangent = np.random.default_rng(6).standard_normal((1, 2, CASES[case][0], 6))
+    expected, expected_grads = _with_gradients(
+        jit_backend, lambda a: _call(a, case, block_size=(4, 4), **extra), arrays, cotangent
+    )
+    with relattn.config.override(path=name):
+        plan = relattn.explain(relattn.relative_attention, **arrays, causal=CASES[case][2],
+                               **extra)  # fmt: skip
+        out, grads = _with_gradients(jit_backend, lambda a: _call(a, case, **extra), arrays,
+                                     cotangent)  # fmt: skip
+    assert plan.path == name
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+    for n in arrays:
+        np.testing.assert_allclose(grads[n], expected_grads[n], rtol=5e-5, atol=5e-5, err_msg=n)
+
+
 def _with_gradients(target: Target, fn: Any, arrays: dict, cotangent: np.ndarray) -> tuple:
     """``fn(arrays)`` on the host and the gradient of ``Σ fn(arrays) · cotangent`` with
     respect to each array, by name (torch autograd or ``jax.grad``)."""
@@ -155,7 +195,7 @@ def test_the_decomposed_terms_on_the_forced_kernel(jit_backend, rng):
     tiles: output and every gradient equal the fold's."""
     from relattn.decomposed import decomposed_relative_attention as sam
 
-    name = _kernel(jit_backend, shifted=False)
+    name = _kernel(jit_backend)
     arrays, grids = _sam(jit_backend, rng)
     names = list(arrays)
     cotangent = rng.standard_normal((1, 2, 20, 6))
@@ -188,8 +228,9 @@ class _Device:
 @pytest.mark.parametrize("library", ["torch", "jax"])
 def test_a_gpu_plan_takes_the_kernel_for_a_position_table(library, rng):
     """On a GPU Transformer-XL's and DeBERTa's tables take relattn's kernel (FlexAttention
-    cannot carry them); a per-distance bias alone stays with FlexAttention on torch; a
-    value table (Shaw), a mask or positions as data go elsewhere, saying why."""
+    cannot carry them), at given positions too; a per-distance bias alone stays with
+    FlexAttention on torch; a value table (Shaw) or an (Lq, Lk) mask go elsewhere, saying
+    why."""
     target = relattn.testing.target(library)
     if target.unavailable:
         pytest.skip(target.unavailable)
@@ -211,6 +252,7 @@ def test_a_gpu_plan_takes_the_kernel_for_a_position_table(library, rng):
     assert "mask is not formed" in dict(masked.refused)[name]
     padding = target.asarray(np.arange(9) < 7)
     assert plan(**tables, mask=padding).path == name
+    assert plan(**tables, positions=target.asarray(np.arange(9)[::-1].copy())).path == name
     if library == "torch":
         assert plan(relative_bias=arrays["relative_bias"]).path == "flex"
     sam_arrays, grids = _sam(target, rng)
@@ -244,3 +286,24 @@ def test_the_kernel_record_is_offered_to_the_plan():
     assert [k.name for k in _torch.BACKEND.kernels] == ["flex", "triton"]
     assert [k.name for k in _jax.BACKEND.kernels] == ["pallas"]
     assert all(k.gpu_only for k in (*_torch.BACKEND.kernels[1:], *_jax.BACKEND.kernels))
+
+
+def test_the_triton_kernel_under_torch_compile(rng):
+    """The kernel is a PyTorch custom operator: torch.compile keeps it in one graph
+    (fullgraph), and the compiled call and its gradients equal the eager fold's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    host = _inputs(rng, "memory")
+    arrays = {n: torch.tensor(a, dtype=torch.float32) for n, a in host.items()}
+    cotangent = np.random.default_rng(7).standard_normal((1, 2, CASES["memory"][0], 6))
+    target = relattn.testing.target("torch")
+    expected, expected_grads = _with_gradients(
+        target, lambda a: _call(a, "memory", block_size=(4, 4)), arrays, cotangent
+    )
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: _call(a, "memory"), fullgraph=True)
+    with relattn.config.override(path="triton"):
+        out, grads = _with_gradients(target, compiled, arrays, cotangent)
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+    for n in arrays:
+        np.testing.assert_allclose(grads[n], expected_grads[n], rtol=5e-5, atol=5e-5, err_msg=n)

@@ -49,7 +49,7 @@ NAMES = (
     "q", "k", "v", "qp", "key_table", "ks", "query_table", "relative_bias", "grid_rows",
     "grid_cols",
 )  # fmt: skip
-MASKS = ("query_segments", "key_segments", "key_mask")
+MASKS = ("query_segments", "key_segments", "key_mask", "query_positions", "key_positions")
 
 
 def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0, grid_width=None):
@@ -76,33 +76,39 @@ def make_inputs(lq, lk, layout, terms, *, batch=2, heads=1, seed=0, grid_width=N
 
 
 def dense_reference(
-    t, causal, query_segments=None, key_segments=None, key_mask=None, grid_width=None
-):
-    """The same in float64 PyTorch, whole ``(Lq, Lk)`` scores, for autodiff."""
+    t, causal, query_segments=None, key_segments=None, key_mask=None, grid_width=None,
+    query_positions=None, key_positions=None,
+):  # fmt: skip
+    """The same in float64 PyTorch, whole ``(Lq, Lk)`` scores, for autodiff: table rows
+    ``m = δ + Lk - 1`` clipped to the table, ``δ`` from the positions (by default query
+    ``i`` at ``i + Lk - Lq``, key ``j`` at ``j``)."""
     q, k, v = t["q"], t["k"], t["v"]
     lq, lk = q.shape[2], k.shape[2]
-    m = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] + lq - 1  # (Lq, Lk)
+    lead = q.shape[:2]
+    if query_positions is None:
+        query_positions, key_positions = torch.arange(lq) + lk - lq, torch.arange(lk)
+    delta = key_positions[..., None, :] - query_positions[..., :, None]
+    m = (delta + lk - 1).expand(*lead, lq, lk)  # (B, H, Lq, Lk)
+    batch = torch.arange(lead[0])[:, None, None, None]
+    head = torch.arange(lead[1])[None, :, None, None]
     s = q @ k.transpose(-1, -2)
 
-    lead = q.shape[:2]
-
-    def rows(table):  # rows m(i, j) (clipped: those cells are masked), (B, H, Lq, Lk, d)
-        table = table.expand(*lead, *table.shape[-2:])
-        return table[..., m.clamp(max=table.shape[-2] - 1), :]
+    def rows(table, trailing=2):  # each cell's row, clipped to the table (B, H, Lq, Lk, ...)
+        table = table.expand(*lead, *table.shape[table.ndim - trailing :])
+        return table[batch, head, m.clamp(0, table.shape[2] - 1)]
 
     if t.get("key_table") is not None:
         s = s + torch.einsum("bhid,bhijd->bhij", t["qp"], rows(t["key_table"]))
     if t.get("query_table") is not None:
         s = s + torch.einsum("bhjd,bhijd->bhij", t["ks"], rows(t["query_table"]))
     if t.get("relative_bias") is not None:
-        b = t["relative_bias"]
-        s = s + b.expand(*lead, b.shape[-1])[..., m.clamp(max=b.shape[-1] - 1)]
+        s = s + rows(t["relative_bias"], 1)
     if t.get("grid_rows") is not None:
         j = torch.arange(lk)
         s = s + t["grid_rows"][..., j // grid_width] + t["grid_cols"][..., j % grid_width]
     visible = torch.ones(lq, lk, dtype=torch.bool)
     if causal:
-        visible = m - (lk - 1) <= 0
+        visible = delta <= 0
     if query_segments is not None:
         visible = visible & (query_segments[..., :, None] == key_segments[..., None, :])
     if key_mask is not None:
@@ -324,14 +330,20 @@ def make_masks(lq, lk, which, *, batch=2):
 def test_segments_and_key_mask(case, which):
     """Segments, a key mask or both, with causal and every term: the loop reference's
     forward, the dense reference's gradients."""
+    lq, lk, _, _ = CASES[case]
+    check_with_integers(case, make_masks(lq, lk, which))
+
+
+def check_with_integers(case, given):
+    """Every term of ``case`` with the integer inputs ``given`` (segments, a key mask,
+    positions): the loop reference's forward, the dense reference's gradients."""
     lq, lk, causal, layout = CASES[case]
     x = make_inputs(lq, lk, layout, TERMS["all"])
-    masks = make_masks(lq, lk, which)
-    t = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in masks.items()}
+    t = {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in given.items()}
     out = run_kernel(tensors(x, torch.float32), causal, block_q=16, block_k=16, **t)
     np.testing.assert_allclose(
         out.detach().double().numpy(),
-        reference.relative_kernel_attention(**x, causal=causal, **masks),
+        reference.relative_kernel_attention(**x, causal=causal, **given),
         rtol=1e-5,
         atol=1e-5,
     )
@@ -425,6 +437,90 @@ def test_broadcast_segments_and_mask():
 
 #: (Lq, Lk, causal, layout, grid_width, terms, masks): the decomposed 2-D terms of a key grid
 #: ``Lk / grid_width`` rows by ``grid_width`` columns, alone or with the others.
+def make_positions(lq, lk, kind, *, batch=2, seed=3):
+    """Positions ``(B, 1, L)`` of kind ``"offset"`` (a cache: the queries are keys 40 on, the
+    keys start at 40 - (Lk - Lq)), ``"packed"`` (three documents per row restarting at 0,
+    with their segment ids), ``"scattered"`` (random, repeated, and distances past the
+    table's edges: clipped) or ``"reversed"``, as NumPy arrays by keyword."""
+    if kind == "offset":
+        keys = np.arange(lk) + 40 - max(0, lk - lq)
+        queries = np.arange(lq) + 40
+        return {"query_positions": queries[None, None], "key_positions": keys[None, None]}
+    if kind == "packed":
+        masks = make_masks(lq, lk, "segments", batch=batch)
+        positions = {}
+        for name, axis in (("query", "query_segments"), ("key", "key_segments")):
+            ids = masks[axis][:, 0]
+            starts = np.array([[np.flatnonzero(row == row[i])[0] for i in range(row.size)]
+                               for row in ids])  # fmt: skip
+            positions[f"{name}_positions"] = (np.arange(ids.shape[1]) - starts)[:, None]
+        return {**masks, **positions}
+    rng = np.random.default_rng(seed)
+    if kind == "scattered":
+        span = lq + lk
+        return {
+            "query_positions": rng.integers(-span, span, (batch, 1, lq)),
+            "key_positions": rng.integers(-span, span, (batch, 1, lk)),
+        }
+    return {
+        "query_positions": np.arange(lq)[::-1].copy(),
+        "key_positions": np.arange(lk)[::-1].copy(),
+    }
+
+
+POSITION_CASES = [
+    ("square", "offset"), ("causal-square", "packed"), ("short-queries-causal-layout", "offset"),
+    ("zero-rows", "scattered"), ("short-queries", "reversed"), ("causal-square", "scattered"),
+    ("square", "packed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "kind"), POSITION_CASES)
+def test_positions(case, kind):
+    """Positions as data with every term: the loop reference's forward, the dense
+    reference's gradients (the tables' through the atomic adds)."""
+    lq, lk, _, _ = CASES[case]
+    check_with_integers(case, make_positions(lq, lk, kind))
+
+
+def test_contiguous_positions_equal_the_default():
+    """The default positions given as data take the windows' path to the same numbers."""
+    lq, lk = 21, 35
+    x = make_inputs(lq, lk, "causal", TERMS["all"])
+    t = tensors(x, torch.float64)
+    given = {"query_positions": torch.arange(lq) + lk - lq, "key_positions": torch.arange(lk)}
+    out = run_kernel(t, True, block_q=16, block_k=16, **given)
+    torch.testing.assert_close(out, run_kernel(t, True, block_q=16, block_k=16), rtol=1e-12,
+                               atol=1e-12)  # fmt: skip
+
+
+def test_positions_table_rows_met_by_hidden_pairs_only():
+    """A masked key far away reads the table's last row, which no visible pair reads: NaN
+    there reaches neither the output nor a gradient (the windows' rows are selected)."""
+    lq, lk = 13, 20
+    x = make_inputs(lq, lk, "full", TERMS["all"])
+    # Visible distances δ <= 18 - 7 < Lq - 1: rows m < W - 1.
+    positions = {"query_positions": torch.arange(lq) + 7, "key_positions": torch.arange(lk)}
+    positions["key_positions"][-1] = 1000  # m clipped to the last row, W - 1
+    keep = torch.ones(lk, dtype=torch.bool)
+    keep[-1] = False
+    poisoned = dict(x)
+    for name in ("key_table", "query_table", "relative_bias"):
+        poisoned[name] = x[name].copy()
+        poisoned[name][:, -1] = np.nan
+    got = tensors(poisoned, torch.float64)
+    want = {n: a.detach().requires_grad_() for n, a in tensors(x, torch.float64).items()}
+    out = run_kernel(got, False, block_q=16, block_k=16, key_mask=keep, **positions)
+    expected = dense_reference(want, False, key_mask=keep, **positions)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    names = [n for n in NAMES if n in got]
+    grads = torch.autograd.grad(out.sum(), [got[n] for n in names])
+    expected_grads = torch.autograd.grad(expected.sum(), [want[n] for n in names])
+    for name, g, e in zip(names, grads, expected_grads, strict=True):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+
+
 GRID_CASES = {
     "alone": (20, 20, False, "full", 5, ("grid",), None),
     "all-terms-tall-grid": (9, 34, False, "full", 2, (*TERMS["all"], "grid"), None),
@@ -534,7 +630,8 @@ def test_builds():
 def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
     """The GPU build through Triton's whole NVIDIA pipeline (ptxas included), without a GPU:
     every term, causal, tiles of 16, the launch's own constexprs and options; with
-    segments, a key mask (the skipped tiles' branch) and the grid terms, or without."""
+    segments, a key mask (the skipped tiles' branch), the grid terms and positions (the
+    windows' loop, one-hot sums and atomic adds), or without."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -545,13 +642,14 @@ def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
     key_mask = torch.ones(2, 1, 7, dtype=torch.bool) if masks else None
     rows = torch.zeros(2, 1, 5, 1, dtype=dtype) if masks else None
     cols = torch.zeros(2, 1, 5, 7, dtype=dtype) if masks else None
+    query_segments = None if segments is None else segments[:, :, :5]
     _, meta = _inputs(
         t["q"], t["k"], t["v"], t["qp"], t["ks"], t["key_table"].expand(2, 1, 11, D),
         t["query_table"].expand(2, 1, 11, D), t["relative_bias"].expand(2, 1, 11), rows, cols,
-        None if segments is None else segments[:, :, :5], segments, key_mask, config,
+        query_segments, segments, key_mask, query_segments, segments, config,
     )  # fmt: skip
     assert meta["HAS_SEG"] is masks and meta["HAS_MASK"] is masks
-    assert meta["HAS_GRID"] is masks
+    assert meta["HAS_GRID"] is masks and meta["HAS_POS"] is masks
     options = {
         "num_stages": meta.pop("num_stages"),
         "enable_fp_fusion": meta.pop("enable_fp_fusion"),
@@ -562,7 +660,7 @@ def test_compiles_for_nvidia(arch, dtype, masks, monkeypatch, tmp_path):
         for param in kernel.params:
             if param.is_constexpr:
                 signature[param.name] = "constexpr"
-            elif param.name in ("qseg_ptr", "kseg_ptr"):
+            elif param.name in ("qseg_ptr", "kseg_ptr", "qpos_ptr", "kpos_ptr"):
                 signature[param.name] = "*i64"
             elif param.name == "kmask_ptr":
                 signature[param.name] = "*u8"  # the bool mask read as bytes
@@ -695,6 +793,18 @@ BAD = {
     "grid-not-a-tensor": (
         {"grid_rows": np.zeros((5, 1)), "grid_cols": zeros(5, 7), "grid_width": 7}, TypeError,
         r"grid_rows must be a torch.Tensor",
+    ),
+    "positions-alone": (
+        {"query_positions": ids(5)}, ValueError,
+        r"query_positions is given without key_positions: give both or neither",
+    ),
+    "positions-float": (
+        {"query_positions": zeros(5), "key_positions": ids(7)}, TypeError,
+        r"query_positions must have an integer dtype \(positions\), got torch.float32",
+    ),
+    "positions-length": (
+        {"query_positions": ids(5), "key_positions": ids(6)}, ValueError,
+        r"key_positions must have shape \(\.\.\., Lk\) = \(\.\.\., 7\)",
     ),
     "grid-too-large": (
         {"k": zeros(2, 1, 514, D), "v": zeros(2, 1, 514, DV), "ks": zeros(2, 1, 514, D),

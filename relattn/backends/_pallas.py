@@ -5,14 +5,19 @@ One program per ``(batch·head, query tile)`` streams the key tiles with an onli
 the program's query tile as its block, the whole per-``(b, h)`` keys, values and tables as
 blocks read with ``pl.ds`` slices in a ``lax.fori_loop``). The per-distance terms of a tile
 pair are one tile product with the window of table rows the pair's distances span, moved
-to key columns inside the tile (the relative shift of Transformer-XL's appendix B, done as
-a gather). The backward recomputes the scores tile by tile (FlashAttention-2): one kernel
-for ``dq`` and ``dqp``, one for ``dk``, ``dv`` and ``dks``, and one program per tile
-diagonal for the tables' gradients, whose partial windows are overlap-added outside.
-Deterministic: no atomics.
+to key columns inside the tile by a one-hot select (the relative shift of Transformer-XL's
+appendix B, without a gather: Pallas's Triton lowering has none). With positions given as
+data, each cell's table row comes from them and a pair loops over the windows its visible
+cells' rows span. The backward recomputes the scores tile by tile (FlashAttention-2): one
+kernel for ``dq`` and ``dqp``, one for ``dk``, ``dv`` and ``dks``; the tables' gradients
+come from one program per tile diagonal, whose partial windows are overlap-added outside
+(deterministic, no atomics), or with positions from atomic adds per window in the ``dq``
+kernel.
 
-On a CPU the kernels run in Pallas's interpreter (slow: for tests); on a GPU they are
-compiled through Pallas's Triton lowering.
+One code path: on a CPU the kernels run in Pallas's interpreter (slow: for tests); on a GPU
+they are compiled through Pallas's Triton lowering, which ``interpret=False`` also reaches
+from a CPU when a program is only lowered for CUDA (``jax.jit(f).trace(...).lower(
+lowering_platforms=("cuda",))``).
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
-from ._relative import MAX_HEAD_DIM
+from ._kernel_limits import MAX_HEAD_DIM
 
 __all__ = ["relative_attention_kernel"]
 
@@ -57,6 +63,12 @@ class _Inputs(NamedTuple):
     query_segments: Any  # (B or 1, H or 1, Lq'), int32 or int64, with key_segments
     key_segments: Any  # (B or 1, H or 1, Lk')
     key_mask: Any  # (B or 1, H or 1, Lk'), int32: 1 where the key may be seen, 0 padded
+    query_positions: Any  # (B or 1, H or 1, Lq'), int32 or int64, with key_positions
+    key_positions: Any  # (B or 1, H or 1, Lk')
+
+
+#: The :class:`_Inputs` fields of the tables, in order.
+TABLES = ("key_table", "query_table", "relative_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,21 +89,38 @@ class _Config:
     #: ``kw``, the key grid's width, with ``grid_rows`` and ``grid_cols`` (0 without).
     grid_width: int = 0
 
+    def has(self, field: str) -> bool:
+        return self.present[_Inputs._fields.index(field)]
+
     @property
     def has_key_table(self) -> bool:
-        return self.present[_Inputs._fields.index("key_table")]
+        return self.has("key_table")
 
     @property
     def has_query_table(self) -> bool:
-        return self.present[_Inputs._fields.index("query_table")]
+        return self.has("query_table")
 
     @property
     def has_bias(self) -> bool:
-        return self.present[_Inputs._fields.index("relative_bias")]
+        return self.has("relative_bias")
+
+    @property
+    def has_tables(self) -> bool:
+        return any(self.has(name) for name in TABLES)
 
     @property
     def has_grid(self) -> bool:
-        return self.present[_Inputs._fields.index("grid_rows")]
+        return self.has("grid_rows")
+
+    @property
+    def has_positions(self) -> bool:
+        return self.has("query_positions")
+
+    @property
+    def atomic_tables(self) -> tuple[str, ...]:
+        """The tables whose gradients the ``dq`` kernel adds atomically: with positions,
+        every given table; none without (the tile-diagonal kernel's)."""
+        return tuple(name for name in TABLES if self.has_positions and self.has(name))
 
     @property
     def block_t(self) -> int:
@@ -105,14 +134,19 @@ def _window(bm: int, bn: int) -> int:
     return pl.next_power_of_2(bm + bn - 1)
 
 
-def _table_rows(lq_pad: int, lk_pad: int, bm: int, bn: int) -> int:
+def _table_rows(lq_pad: int, lk_pad: int, bm: int, bn: int, positions: bool) -> int:
     """Rows of a padded table, enough for every window of every kernel.
 
     A pair's window starts at padded row ``j0 - i0 - bm + Lq'`` (see :func:`_scores`); the
     last forward window ends before ``Lq' + Lk' - bm - bn + window``, the last tile
-    diagonal's (square tiles, window ``2·bt``) before ``Lq' + Lk'``.
+    diagonal's (square tiles, window ``2·bt``) before ``Lq' + Lk'``. With ``positions`` a
+    window starts at a visible cell's padded row, at most ``Lq' + Lk - 2`` (see
+    :func:`_cell_rows`), and reads ``window`` rows.
     """
-    return lq_pad + lk_pad + max(0, _window(bm, bn) - bm - bn)
+    window = _window(bm, bn)
+    if positions:
+        return lq_pad + lk_pad + window
+    return lq_pad + lk_pad + max(0, window - bm - bn)
 
 
 def _acc_dtype(dtype: Any) -> Any:
@@ -131,20 +165,24 @@ def _dot(a: Any, b: Any, contract: tuple[int, int], acc: Any) -> Any:
     )  # fmt: skip
 
 
-def _iota(shape: tuple[int, int], axis: int) -> Any:
+def _iota(shape: tuple[int, ...], axis: int) -> Any:
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
 # ------------------------------------------------------------------------------------------
-# The relative shift inside a tile, and its transposes
+# Table rows to key columns inside a tile: one-hot selects, and their transposes
 #
-# Gathers (``jnp.take_along_axis``). The interpreter runs them; jax 0.10.2's Pallas Triton
-# lowering registers no rule for ``lax.gather_p`` (jax/_src/pallas/triton/lowering.py), so
-# the compiled GPU kernel is unverified here (no GPU in this session) and expected to need a
-# gather-free shift or a newer Pallas (Triton itself has ``tl.gather``).
+# No gathers: jax 0.10's Pallas Triton lowering has no rule for ``lax.gather_p``
+# (jax/_src/pallas/triton/lowering.py). Each cell ``(r, c)`` of a ``(bm, bn)`` tile reads
+# window row ``w(r, c)``; its value is picked out of the window layout by comparing every
+# window row with ``w(r, c)`` and summing, a ``(bm, bn, window)`` broadcast, and the
+# transposes sum each window row's cells the same way. The interpreter runs the same code.
+# Exact (one term of each sum is nonzero), and a select: a NaN elsewhere in the window stays
+# out.
 # ------------------------------------------------------------------------------------------
 def _shift_index(bm: int, bn: int) -> Any:
-    """``w(r, c) = c - r + bm - 1``: the window row of the tile's cell ``(r, c)``.
+    """``w(r, c) = c - r + bm - 1``: the window row of the tile's cell ``(r, c)`` with
+    contiguous positions.
 
     The pair's window starts at its smallest distance, that of cell ``(bm - 1, 0)``; each
     step right adds one to the distance, each step down takes one off.
@@ -152,41 +190,55 @@ def _shift_index(bm: int, bn: int) -> Any:
     return _iota((bm, bn), 1) - _iota((bm, bn), 0) + (bm - 1)
 
 
-def _shift_rows(x: Any, bn: int) -> Any:
-    """``x (bm, win)`` in the window layout to ``(bm, bn)`` key columns:
-    ``out[r, c] = x[r, c - r + bm - 1]``."""
-    # The indices are in [0, bm + bn - 2] < win: no bounds handling needed.
-    index = _shift_index(x.shape[0], bn)
-    return jnp.take_along_axis(x, index, axis=1, mode="promise_in_bounds")
+def _onehot(index: Any, window: int) -> Any:
+    """``(bm, bn, window)`` bools: whether cell ``(r, c)`` reads window row ``w``, ``index[r,
+    c] == w``; an index outside ``[0, window)`` reads none."""
+    return index[:, :, None] == _iota((*index.shape, window), 2)
 
 
-def _shift_cols(x: Any, bm: int) -> Any:
-    """``x (win, bn)`` (window rows by keys) to ``(bm, bn)``:
-    ``out[r, c] = x[c - r + bm - 1, c]``."""
-    index = _shift_index(bm, x.shape[1])
-    return jnp.take_along_axis(x, index, axis=0, mode="promise_in_bounds")
+def _select_rows(x: Any, onehot: Any) -> Any:
+    """``x (bm, window)`` (or ``(1, window)``, the same for every query) in the window layout
+    to key columns: ``out[r, c] = x[r, w(r, c)]``, 0 where the cell reads no row."""
+    return jnp.sum(jnp.where(onehot, x[:, None, :], 0), axis=2)
 
 
-def _unshift_rows(ds: Any, win: int) -> Any:
-    """Transpose of :func:`_shift_rows`: ``ds (bm, bn)`` to ``(bm, win)`` with
-    ``out[r, c - r + bm - 1] = ds[r, c]``, zero where no key column lands."""
-    bm, bn = ds.shape
-    # out[r, w] = ds[r, w + r - (bm - 1)], read where that key column is in the tile.
-    source = _iota((bm, win), 1) + _iota((bm, win), 0) - (bm - 1)
-    inside = (source >= 0) & (source < bn)
-    taken = jnp.take_along_axis(ds, jnp.clip(source, 0, bn - 1), axis=1, mode="promise_in_bounds")
-    return jnp.where(inside, taken, 0)
+def _select_cols(x: Any, onehot: Any) -> Any:
+    """``x (window, bn)`` (window rows by keys) to ``(bm, bn)``: ``out[r, c] = x[w(r, c),
+    c]``, 0 where the cell reads no row."""
+    return jnp.sum(jnp.where(onehot, x.T[None, :, :], 0), axis=2)
 
 
-def _unshift_cols(ds: Any, win: int) -> Any:
-    """Transpose of :func:`_shift_cols`: ``ds (bm, bn)`` to ``(win, bn)`` with
-    ``out[c - r + bm - 1, c] = ds[r, c]``, zero where no query row lands."""
-    bm, bn = ds.shape
-    # out[w, c] = ds[c - w + bm - 1, c], read where that query row is in the tile.
-    source = _iota((win, bn), 1) - _iota((win, bn), 0) + (bm - 1)
-    inside = (source >= 0) & (source < bm)
-    taken = jnp.take_along_axis(ds, jnp.clip(source, 0, bm - 1), axis=0, mode="promise_in_bounds")
-    return jnp.where(inside, taken, 0)
+def _select_rows_t(ds: Any, onehot: Any) -> Any:
+    """Transpose of :func:`_select_rows`: ``ds (bm, bn)`` to ``(bm, window)``, ``out[r, w] =
+    Σ_c [w(r, c) = w] ds[r, c]``."""
+    return jnp.sum(jnp.where(onehot, ds[:, :, None], 0), axis=1)
+
+
+def _select_cols_t(ds: Any, onehot: Any) -> Any:
+    """Transpose of :func:`_select_cols`: ``ds (bm, bn)`` to ``(window, bn)``, ``out[w, c] =
+    Σ_r [w(r, c) = w] ds[r, c]``."""
+    return jnp.sum(jnp.where(onehot, ds[:, :, None], 0), axis=0).T
+
+
+def _reached(onehot: Any) -> Any:
+    """``(window,)`` bools: whether any cell reads window row ``w`` (an int32 max: Pallas's
+    Triton lowering has no ``any``)."""
+    return jnp.max(onehot.astype(jnp.int32), axis=(0, 1)) > 0
+
+
+def _window_rows(table: Any, start: Any, window: int, reached: Any = None) -> Any:
+    """Rows ``[start, start + window)`` of a table ref; with ``reached``, zeros in the rows no
+    cell reads (in a product, ``0 · NaN`` would carry a NaN row into a gradient)."""
+    rows = table[pl.ds(start, window), :]
+    return rows if reached is None else jnp.where(reached[:, None], rows, 0)
+
+
+def _atomic_add_rows(ref: Any, start: Any, value: Any) -> None:
+    """``ref[start : start + len(value)] += value``, atomically (the programs of a ``(b, h)``
+    all add to its table gradient)."""
+    # int32 starts throughout (the interpreter's dynamic slices take one index dtype).
+    index = (pl.ds(start, value.shape[0]), *(pl.ds(jnp.int32(0), n) for n in value.shape[1:]))
+    plt.atomic_add(ref, index, value)
 
 
 # ------------------------------------------------------------------------------------------
@@ -199,6 +251,7 @@ class _Rows(NamedTuple):
     q: Any
     qp: Any
     segments: Any
+    positions: Any
     grid_rows: Any = None
     grid_cols: Any = None
     do: Any = None
@@ -215,14 +268,22 @@ class _Cols(NamedTuple):
     ks: Any
     segments: Any
     keep: Any
+    positions: Any
 
 
-class _Windows(NamedTuple):
-    """A tile pair's window of each table, ``(win, dp)``, and the key tile's one-hots of its
-    key-grid rows ``(KHp, bn)`` and columns ``(KWp, bn)``; ``None`` where absent."""
+class _Pair(NamedTuple):
+    """What a tile pair's backward reuses from its scores (``None`` where absent): where its
+    cells read the tables, and the key tile's one-hots of its key-grid rows ``(KHp, bn)``
+    and columns ``(KWp, bn)``.
 
-    key_table: Any
-    query_table: Any
+    Contiguous positions: the pair's one window, its first padded row ``start`` and its
+    cells' one-hots ``(bm, bn, window)``. With positions: ``table_rows``, each visible
+    cell's padded table row, -1 where hidden (see :func:`_for_windows`).
+    """
+
+    start: Any = None
+    onehot: Any = None
+    table_rows: Any = None
     grid_rows: Any = None
     grid_cols: Any = None
 
@@ -241,8 +302,9 @@ def _rows(x: _Inputs, index: Any = None, stats: tuple[Any, ...] | None = None) -
     """The query tile ``index`` of the operand refs ``x`` (and of the backward's ``stats``
     refs ``dO``, logsumexp, ``D``)."""
     rows = _Rows(
-        _at(x.q, index), _at(x.qp, index), _at(x.query_segments, index),
-        _at(x.grid_rows, index), _at(x.grid_cols, index),
+        q=_at(x.q, index), qp=_at(x.qp, index), segments=_at(x.query_segments, index),
+        positions=_at(x.query_positions, index), grid_rows=_at(x.grid_rows, index),
+        grid_cols=_at(x.grid_cols, index),
     )  # fmt: skip
     if stats is None:
         return rows
@@ -264,7 +326,9 @@ def _cols(x: _Inputs, index: Any = None) -> _Cols:
         k, v = jnp.where(keep[:, None], k, 0), jnp.where(keep[:, None], v, 0)
         if ks is not None:
             ks = jnp.where(keep[:, None], ks, 0)
-    return _Cols(k, v, ks, _at(x.key_segments, index), keep)
+    return _Cols(
+        k, v, ks, _at(x.key_segments, index), keep, _at(x.key_positions, index)
+    )  # fmt: skip
 
 
 def _grid_onehots(cfg: _Config, j0: Any, rows: _Rows, bn: int, acc: Any) -> tuple[Any, Any]:
@@ -287,58 +351,127 @@ def _grid_onehots(cfg: _Config, j0: Any, rows: _Rows, bn: int, acc: Any) -> tupl
     return rows_onehot, cols_onehot
 
 
+def _visible(cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, distance: Any) -> Any:
+    """``(bm, bn)`` bools: which pairs of queries ``i0 + [0, bm)`` and keys ``j0 + [0, bn)``
+    are visible. A true key (``j < Lk``), with ``causal`` ``δ <= 0`` (``distance``, the
+    positions' ``δ``, or the index rule ``j - i <= Lk - Lq``), with segments the query's
+    document, with a key mask an unmasked key; with positions also a true query."""
+    bm, bn = rows.q.shape[0], cols.k.shape[0]
+    i = i0 + _iota((bm, bn), 0)
+    j = j0 + _iota((bm, bn), 1)
+    # Padded keys are masked. Padded query rows are computed and sliced off by the wrapper
+    # (their output gradient is zero, so they add nothing to any gradient); with positions
+    # they are masked too, since their (zero) positions would widen the pair's windows.
+    visible = j < cfg.lk
+    if distance is not None:
+        visible &= i < cfg.lq
+        if cfg.causal:
+            visible &= distance <= 0
+    elif cfg.causal:
+        visible &= j - i <= cfg.lk - cfg.lq  # δ = j - i - (Lk - Lq) <= 0
+    if rows.segments is not None:
+        visible &= rows.segments[:, None] == cols.segments[None, :]
+    if cols.keep is not None:
+        visible &= cols.keep[None, :]
+    return visible
+
+
+def _cell_rows(cfg: _Config, distance: Any, visible: Any) -> Any:
+    """Each visible cell's padded table row, -1 (no window's) where hidden.
+
+    ``m = δ + Lk - 1`` clipped to ``[0, Lq + Lk - 2]``, the full layout's rows, then moved
+    past the ``Lq' - Lq`` zero rows in front (see :func:`relative_attention_kernel`). The
+    clip holds for the causal layout too (``W = Lk``): it comes with ``causal``, under
+    which a visible cell's ``δ <= 0``, so ``m <= Lk - 1``.
+    """
+    m = jnp.clip(distance + (cfg.lk - 1), 0, cfg.lq + cfg.lk - 2).astype(jnp.int32)
+    return jnp.where(visible, m + (cfg.lq_pad - cfg.lq), -1)
+
+
+def _for_windows(cfg: _Config, pair: _Pair, body: Callable[..., Any], carry: Any) -> Any:
+    """``carry = body(start, onehot, carry)`` over the windows of table rows a tile pair's
+    cells read: ``start`` a window's first padded row, ``onehot`` its cells' one-hots
+    (see :func:`_onehot`).
+
+    Contiguous positions: the pair's one window. With positions: windows of ``window`` rows
+    from the smallest visible cell's row, stepping ``window``, up to the largest (none where
+    no cell is visible; one for positions contiguous within the pair); each visible cell
+    reads its row in exactly one of them, the hidden cells in none.
+    """
+    if not cfg.has_positions:
+        return body(pair.start, pair.onehot, carry)
+    cells = pair.table_rows
+    window = _window(cfg.block_q, cfg.block_k)
+    last = jnp.max(cells)  # -1 where no cell is visible
+    first = jnp.min(jnp.where(cells >= 0, cells, last))
+    count = jnp.where(last >= 0, _div(last - first, window) + 1, 0)
+
+    def step(t: Any, carry: Any) -> Any:
+        start = first + t * window
+        return body(start, _onehot(cells - start, window), carry)
+
+    return lax.fori_loop(0, count, step, carry)
+
+
+def _window_scores(x: _Inputs, rows: _Rows, cols: _Cols, start: Any, onehot: Any, s: Any) -> Any:
+    """``s`` plus the table terms of the cells that read window ``[start, start + window)``:
+    ``qp_i·Kʳ[m] + b[m]`` selected from the query side's ``(bm, window)`` product,
+    ``ks_j·Qʳ[m]`` from the key side's ``(window, bn)`` one."""
+    acc, window = s.dtype, onehot.shape[2]
+    by_query = None  # (bm, window), or (1, window) with the bias alone
+    if x.key_table is not None:
+        by_query = _dot(rows.qp, x.key_table[pl.ds(start, window), :], (1, 1), acc)
+    if x.relative_bias is not None:
+        bias = x.relative_bias[pl.ds(start, window)].astype(acc)[None, :]
+        by_query = bias if by_query is None else by_query + bias
+    if by_query is not None:
+        s += _select_rows(by_query, onehot)
+    if x.query_table is not None:
+        by_key = _dot(x.query_table[pl.ds(start, window), :], cols.ks, (1, 1), acc)
+        s += _select_cols(by_key, onehot)
+    return s
+
+
 def _scores(
     cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, x: _Inputs
-) -> tuple[Any, _Windows]:
+) -> tuple[Any, _Pair]:
     """The scores of queries ``i0 + [0, bm)`` against keys ``j0 + [0, bn)``, ``-inf`` where
-    the pair is not visible.
+    the pair is not visible (see :func:`_visible`).
 
     ``s[r, c] = q·k + qp·Kʳ[m] + ks·Qʳ[m] + b[m] + grid_rows[i, j // kw] + grid_cols[i, j %
-    kw]`` with ``m = j - i + Lq - 1`` (Dai et al. 2019, eq. (3); He et al. 2021, eq.
-    (2)-(4); Li et al. 2022, eq. (4)), each table term over the pair's window of the table
-    refs in ``x``, the decomposed term by one-hot products. Visible: a true key (``j <
-    Lk``), with ``causal`` ``δ <= 0``, with segments the query's document, with a key mask
-    an unmasked key.
+    kw]`` (Dai et al. 2019, eq. (3); He et al. 2021, eq. (2)-(4); Li et al. 2022, eq. (4))
+    with ``m = j - i + Lq - 1``, or with positions ``m`` from ``δ = key_positions[j] -
+    query_positions[i]`` (see :func:`_cell_rows`); each table term over the pair's windows
+    of the table refs in ``x``, the decomposed term by one-hot products.
     """
-    q, qp, k, ks = rows.q, rows.qp, cols.k, cols.ks
+    q, k = rows.q, cols.k
     bm, bn = q.shape[0], k.shape[0]
     acc = _acc_dtype(q.dtype)
-    win = _window(bm, bn)
-    # Column of the cell (bm - 1, 0): m0 = j0 - (i0 + bm - 1) + Lq - 1; the tables carry
-    # Lq' - Lq rows of zeros in front, so its padded row is m0 + Lq' - Lq (>= 0: i0 <= Lq' - bm).
-    start = j0 - i0 - bm + cfg.lq_pad
     s = _dot(q, k, (1, 1), acc)
-    key_window = query_window = None
-    if x.key_table is not None:
-        key_window = x.key_table[pl.ds(start, win), :]
-        s += _shift_rows(_dot(qp, key_window, (1, 1), acc), bn)  # (bm, win) -> (bm, bn)
-    if x.query_table is not None:
-        query_window = x.query_table[pl.ds(start, win), :]
-        s += _shift_cols(_dot(query_window, ks, (1, 1), acc), bm)  # (win, bn) -> (bm, bn)
-    if x.relative_bias is not None:
-        values = x.relative_bias[pl.ds(start, win)].astype(acc)
-        s += _shift_rows(jnp.broadcast_to(values[None, :], (bm, win)), bn)
-    grid_rows = grid_cols = None
+    pair = _Pair()
     if rows.grid_rows is not None:
         # (bm, KHp) @ (KHp, bn) + (bm, KWp) @ (KWp, bn): each cell picks its key's row and
         # column of the decomposed terms, exactly (one nonzero product per cell).
         grid_rows, grid_cols = _grid_onehots(cfg, j0, rows, bn, acc)
         s += _dot(rows.grid_rows.astype(acc), grid_rows, (1, 0), acc)
         s += _dot(rows.grid_cols.astype(acc), grid_cols, (1, 0), acc)
-    i = i0 + _iota((bm, bn), 0)
-    j = j0 + _iota((bm, bn), 1)
-    # Padded keys are masked; padded query rows are computed and sliced off by the wrapper
-    # (their output gradient is zero, so they add nothing to any gradient).
-    visible = j < cfg.lk
-    if cfg.causal:
-        visible &= j - i <= cfg.lk - cfg.lq  # δ = j - i - (Lk - Lq) <= 0
-    if rows.segments is not None:
-        visible &= rows.segments[:, None] == cols.segments[None, :]
-    if cols.keep is not None:
-        visible &= cols.keep[None, :]
+        pair = pair._replace(grid_rows=grid_rows, grid_cols=grid_cols)
+    distance = None
+    if cfg.has_positions:
+        distance = cols.positions[None, :] - rows.positions[:, None]
+    visible = _visible(cfg, i0, j0, rows, cols, distance)
+    if cfg.has_tables:
+        if cfg.has_positions:
+            pair = pair._replace(table_rows=_cell_rows(cfg, distance, visible))
+        else:
+            # Column of the cell (bm - 1, 0): m0 = j0 - (i0 + bm - 1) + Lq - 1; the tables
+            # carry Lq' - Lq rows of zeros in front, so its padded row is m0 + Lq' - Lq (>= 0:
+            # i0 <= Lq' - bm).
+            onehot = _onehot(_shift_index(bm, bn), _window(bm, bn))
+            pair = pair._replace(start=j0 - i0 - bm + cfg.lq_pad, onehot=onehot)
+        s = _for_windows(cfg, pair, functools.partial(_window_scores, x, rows, cols), s)
     # A select, not arithmetic: whatever a masked cell's score is, it is -inf.
-    windows = _Windows(key_window, query_window, grid_rows, grid_cols)
-    return jnp.where(visible, s, -jnp.inf), windows
+    return jnp.where(visible, s, -jnp.inf), pair
 
 
 def _div(x: Any, n: int) -> Any:
@@ -348,9 +481,10 @@ def _div(x: Any, n: int) -> Any:
 
 def _key_tiles_end(cfg: _Config, i0: Any, bm: int, bn: int) -> Any:
     """Key tiles ``[0, end)`` with a visible cell for queries ``i0 + [0, bm)``: all of them,
-    or with ``causal`` those up to the last row's diagonal, ``j <= i0 + bm - 1 + Lk - Lq``."""
+    or with ``causal`` (and no positions) those up to the last row's diagonal, ``j <= i0 +
+    bm - 1 + Lk - Lq``."""
     tiles = cfg.lk_pad // bn
-    if not cfg.causal:
+    if not cfg.causal or cfg.has_positions:
         return tiles
     visible = jnp.maximum(i0 + bm + cfg.lk - cfg.lq, 0)  # keys the last row sees
     return jnp.minimum(_div(visible + bn - 1, bn), tiles)
@@ -358,8 +492,8 @@ def _key_tiles_end(cfg: _Config, i0: Any, bm: int, bn: int) -> Any:
 
 def _query_tiles_start(cfg: _Config, j0: Any, bm: int) -> Any:
     """The first query tile with a visible cell for keys from ``j0``: 0, or with ``causal``
-    the tile of row ``j0 - (Lk - Lq)`` (the first that sees key ``j0``)."""
-    if not cfg.causal:
+    (and no positions) the tile of row ``j0 - (Lk - Lq)`` (the first that sees key ``j0``)."""
+    if not cfg.causal or cfg.has_positions:
         return 0
     return _div(jnp.maximum(j0 - (cfg.lk - cfg.lq), 0), bm)
 
@@ -418,40 +552,64 @@ def _forward_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
 
 def _backward_tile(
     cfg: _Config, i0: Any, j0: Any, rows: _Rows, cols: _Cols, x: _Inputs
-) -> tuple[Any, Any, _Windows]:
+) -> tuple[Any, Any, _Pair]:
     """``P`` and ``dS = P ⊙ (dO vᵀ - D)`` of one tile pair (FlashAttention-2, algorithm 2)
-    and the pair's table windows."""
-    s, windows = _scores(cfg, i0, j0, rows, cols, x)
+    and what its scores leave for the backward."""
+    s, pair = _scores(cfg, i0, j0, rows, cols, x)
     p = jnp.exp(s - rows.lse[:, None])  # 0 at masked cells (s = -inf), lse finite
     ds = p * (_dot(rows.do, cols.v, (1, 1), p.dtype) - rows.delta[:, None])
-    return p, ds, windows
+    return p, ds, pair
 
 
 def _dq_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     """``dq = dS k``, ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]`` and the decomposed terms' gradients
     ``d grid_rows[i, a] = Σ_{j // kw = a} dS_ij``, ``d grid_cols[i, b] = Σ_{j % kw = b}
-    dS_ij`` for one query tile (the program that owns the rows: no atomics)."""
+    dS_ij`` for one query tile (the program that owns the rows). With positions also the
+    tables' gradients ``dKʳ[m] = Σ_{m(i, j) = m} dS_ij qp_i``, ``dQʳ[m] = Σ dS_ij ks_j``,
+    ``db[m] = Σ dS_ij``, added atomically per window to the whole-table outputs (zeros on
+    entry, aliased to the last inputs)."""
     x = _split(cfg, refs[:n_in])
     stats = refs[n_in : n_in + 3]
-    dq_ref, *out_refs = refs[n_in + 3 :]
+    n_atomic = len(cfg.atomic_tables)
+    outs = refs[n_in + 3 + n_atomic :]  # after the aliased zeros, which the outputs are
+    dq_ref, *out_refs = outs[: len(outs) - n_atomic]
+    table_refs = dict(zip(cfg.atomic_tables, outs[len(outs) - n_atomic :], strict=True))
     bm, bn = cfg.block_q, cfg.block_k
     i0 = pl.program_id(1) * bm
     rows = _rows(x, None, stats)
     dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
-    win = _window(bm, bn)
 
     def step(t: Any, carry: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
         dq, dqp, d_rows, d_cols = carry
         cols = _cols(x, pl.ds(t * bn, bn))
-        _, ds, windows = _backward_tile(cfg, i0, t * bn, rows, cols, x)
+        _, ds, pair = _backward_tile(cfg, i0, t * bn, rows, cols, x)
         dq += _dot(ds.astype(dtype), cols.k, (1, 0), acc)
-        if cfg.has_key_table:
-            # dS back in the window layout, then against the window: Σ_j dS_ij Kʳ[m(i, j)].
-            dqp += _dot(_unshift_rows(ds, win).astype(dtype), windows.key_table, (1, 0), acc)
+
+        def window(start: Any, onehot: Any, dqp: Any) -> Any:
+            if cfg.has_key_table or "relative_bias" in table_refs:
+                ds_rows = _select_rows_t(ds, onehot)  # (bm, window): each query's dS by row
+                if cfg.has_key_table:
+                    # With positions, rows no visible cell reads are zeroed (reached).
+                    reached = _reached(onehot) if cfg.has_positions else None
+                    key_window = _window_rows(x.key_table, start, onehot.shape[2], reached)
+                    dqp += _dot(ds_rows.astype(dtype), key_window, (1, 0), acc)
+                if "key_table" in table_refs:
+                    grad = _dot(ds_rows.astype(dtype), rows.qp, (0, 0), acc)
+                    _atomic_add_rows(table_refs["key_table"], start, grad)
+                if "relative_bias" in table_refs:
+                    _atomic_add_rows(table_refs["relative_bias"], start, jnp.sum(ds_rows, axis=0))
+            if "query_table" in table_refs:
+                ds_cols = _select_cols_t(ds, onehot).astype(dtype)  # (window, bn)
+                grad = _dot(ds_cols, cols.ks, (1, 0), acc)
+                _atomic_add_rows(table_refs["query_table"], start, grad)
+            return dqp
+
+        if cfg.has_key_table or table_refs:
+            dqp = _for_windows(cfg, pair, window, dqp)
         if cfg.has_grid:
             # dS (bm, bn) @ onehotᵀ (bn, KHp): each key's dS to its grid row (column).
-            d_rows += _dot(ds, windows.grid_rows, (1, 1), acc)
-            d_cols += _dot(ds, windows.grid_cols, (1, 1), acc)
+            d_rows += _dot(ds, pair.grid_rows, (1, 1), acc)
+            d_cols += _dot(ds, pair.grid_cols, (1, 1), acc)
         return dq, dqp, d_rows, d_cols
 
     start = (
@@ -476,17 +634,23 @@ def _dkv_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     j0 = pl.program_id(1) * bn
     cols = _cols(x)
     dtype, acc = x.q.dtype, _acc_dtype(x.q.dtype)
-    win = _window(bm, bn)
 
     def step(t: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
         dk, dv, dks = carry
         rows = _rows(x, pl.ds(t * bm, bm), stats)
-        p, ds, windows = _backward_tile(cfg, t * bm, j0, rows, cols, x)
+        p, ds, pair = _backward_tile(cfg, t * bm, j0, rows, cols, x)
         dk += _dot(ds.astype(dtype), rows.q, (0, 0), acc)
         dv += _dot(p.astype(dtype), rows.do, (0, 0), acc)
-        if cfg.has_query_table:
+
+        def window(start: Any, onehot: Any, dks: Any) -> Any:
             # dS in the window layout of the key side: Σ_i dS_ij Qʳ[m(i, j)].
-            dks += _dot(_unshift_cols(ds, win).astype(dtype), windows.query_table, (0, 0), acc)
+            reached = _reached(onehot) if cfg.has_positions else None
+            query_window = _window_rows(x.query_table, start, onehot.shape[2], reached)
+            ds_cols = _select_cols_t(ds, onehot).astype(dtype)
+            return dks + _dot(ds_cols, query_window, (0, 0), acc)
+
+        if cfg.has_query_table:
+            dks = _for_windows(cfg, pair, window, dks)
         return dk, dv, dks
 
     start = (
@@ -502,7 +666,8 @@ def _dkv_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
 
 
 def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
-    """The tables' gradients of one tile diagonal, as ``(2·bt, ·)`` windows.
+    """The tables' gradients of one tile diagonal, as ``(2·bt, ·)`` windows (contiguous
+    positions).
 
     Square tiles of ``bt``: every pair of diagonal ``t`` (key tile minus query tile
     ``t - (nq - 1)``) reads the same window of table rows, padded rows ``[t·bt, t·bt +
@@ -514,6 +679,7 @@ def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
     outs = refs[n_in + 3 :]
     bt = cfg.block_t
     win = 2 * bt  # _window(bt, bt): 2·bt - 1 distances, padded to a power of two
+    onehot = _onehot(_shift_index(bt, bt), win)
     nq, nk = cfg.lq_pad // bt, cfg.lk_pad // bt
     t = pl.program_id(1)
     offset = t - (nq - 1)  # key tile minus query tile
@@ -530,13 +696,13 @@ def _tables_kernel(cfg: _Config, n_in: int, *refs: Any) -> None:
         cols = _cols(x, pl.ds((i + offset) * bt, bt))
         _, ds, _ = _backward_tile(cfg, i * bt, (i + offset) * bt, rows, cols, x)
         if cfg.has_key_table or cfg.has_bias:
-            ds_rows = _unshift_rows(ds, win)  # (bt, win): each query's distances
+            ds_rows = _select_rows_t(ds, onehot)  # (bt, win): each query's distances
             if cfg.has_key_table:
                 dkt += _dot(ds_rows.astype(dtype), rows.qp, (0, 0), acc)
             if cfg.has_bias:
                 db += jnp.sum(ds_rows, axis=0)
         if cfg.has_query_table:
-            dqt += _dot(_unshift_cols(ds, win).astype(dtype), cols.ks, (1, 0), acc)
+            dqt += _dot(_select_cols_t(ds, onehot).astype(dtype), cols.ks, (1, 0), acc)
         return dkt, dqt, db
 
     window = (win, x.q.shape[-1])
@@ -570,8 +736,8 @@ def _block(cfg: _Config, x: Any, rows: int | None = None) -> pl.BlockSpec:
 
 
 #: The :class:`_Inputs` fields along the queries' and along the keys' axis.
-QUERY_SIDE = ("q", "qp", "query_segments", "grid_rows", "grid_cols")
-KEY_SIDE = ("k", "v", "ks", "key_segments", "key_mask")
+QUERY_SIDE = ("q", "qp", "query_segments", "query_positions", "grid_rows", "grid_cols")
+KEY_SIDE = ("k", "v", "ks", "key_segments", "key_mask", "key_positions")
 
 
 def _tiled(x: _Inputs, query_rows: int | None, key_rows: int | None) -> list[Any]:
@@ -579,6 +745,14 @@ def _tiled(x: _Inputs, query_rows: int | None, key_rows: int | None) -> list[Any
     for the query-side arrays, ``key_rows`` for the key-side ones, the tables whole."""
     rows = dict.fromkeys(QUERY_SIDE, query_rows) | dict.fromkeys(KEY_SIDE, key_rows)
     return [(a, rows.get(name)) for name, a in zip(x._fields, x, strict=True) if a is not None]
+
+
+def _compiler_params() -> Any:
+    """Pallas's Triton compiler parameters (its defaults): they make ``pallas_call`` lower
+    through Triton on a GPU, and for CUDA from a CPU."""
+    # Older JAX names them TritonCompilerParams.
+    params = getattr(plt, "CompilerParams", None) or getattr(plt, "TritonCompilerParams")  # noqa: B009
+    return params()
 
 
 def _call(
@@ -589,10 +763,12 @@ def _call(
     outputs: Sequence[tuple[tuple[int, ...], Any, int | None]],
     n_in: int,
     name: str,
+    aliases: dict[int, int] | None = None,
 ) -> Any:
     """``pl.pallas_call`` of ``kernel(cfg, n_in, *refs)`` over ``grid``: ``n_in`` operands of
     :class:`_Inputs` then the rest of ``operands``, ``outputs`` as (shape, dtype); each with
-    its tile rows (``None``: the whole axis)."""
+    its tile rows (``None``: the whole axis); ``aliases`` maps operands to the outputs that
+    start as them."""
     shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs]
     return pl.pallas_call(
         functools.partial(kernel, cfg, n_in),
@@ -600,7 +776,9 @@ def _call(
         in_specs=[_block(cfg, a, rows) for a, rows in operands],
         out_specs=[_block(cfg, s, rows) for s, (_, _, rows) in zip(shapes, outputs, strict=True)],
         out_shape=shapes,
+        input_output_aliases=aliases or {},
         interpret=cfg.interpret,
+        compiler_params=None if cfg.interpret else _compiler_params(),
         name=name,
     )(*(a for a, _ in operands))
 
@@ -630,14 +808,26 @@ def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Input
     grads = [((batch, heads, lq_pad, dp), dtype, bm)] * (1 + cfg.has_key_table)
     grid_tables = [x.grid_rows, x.grid_cols] if cfg.has_grid else []
     grads += [((batch, heads, lq_pad, t.shape[-1]), acc, bm) for t in grid_tables]
+    # With positions the tables' gradients too: whole tables in the accumulator's dtype, in
+    # the tables' (broadcast) shapes, zeros that the kernel adds to atomically.
+    zeros = [jnp.zeros(getattr(x, name).shape, acc) for name in cfg.atomic_tables]
+    n_operands, n_grads = len(operands) + 3, len(grads)
     dq, *rest_q = _call(
-        cfg, _dq_kernel, (grid, lq_pad // bm), [*operands, (dout, bm), (lse, bm), (delta, bm)],
-        grads, len(operands), "relattn_relative_attention_dq",
+        cfg, _dq_kernel, (grid, lq_pad // bm),
+        [*operands, (dout, bm), (lse, bm), (delta, bm), *((z, None) for z in zeros)],
+        grads + [(z.shape, acc, None) for z in zeros], len(operands),
+        "relattn_relative_attention_dq",
+        aliases={n_operands + i: n_grads + i for i in range(len(zeros))},
     )  # fmt: skip
     dqp = rest_q[: cfg.has_key_table]
     d_grid = [
-        _unbroadcast(g, t) for g, t in zip(rest_q[cfg.has_key_table :], grid_tables, strict=True)
+        _unbroadcast(g, t)
+        for g, t in zip(rest_q[cfg.has_key_table : n_grads - 1], grid_tables, strict=True)
     ]
+    table_grads = {
+        name: _unbroadcast(g, getattr(x, name))
+        for name, g in zip(cfg.atomic_tables, rest_q[n_grads - 1 :], strict=True)
+    }
 
     operands = _tiled(x, None, bn)
     stats = [(dout, None), (lse, None), (delta, None)]
@@ -648,27 +838,31 @@ def _backward(cfg: _Config, x: _Inputs, out: Any, lse: Any, dout: Any) -> _Input
         "relattn_relative_attention_dkv",
     )  # fmt: skip
 
-    table_grads: list[Any] = []
-    tables = [t for t in (x.key_table, x.query_table, x.relative_bias) if t is not None]
+    tables = [name for name in TABLES if cfg.has(name) and name not in table_grads]
     if tables:
-        # One window of 2·bt rows per tile diagonal, stacked along axis 2.
+        # Contiguous positions: one window of 2·bt rows per tile diagonal, stacked along
+        # axis 2.
         operands = _tiled(x, None, None)
         diagonals = (lq_pad + lk_pad) // bt - 1
-        grads = [((batch, heads, diagonals * 2 * bt, *t.shape[3:]), acc, 2 * bt) for t in tables]
+        grads = [
+            ((batch, heads, diagonals * 2 * bt, *getattr(x, name).shape[3:]), acc, 2 * bt)
+            for name in tables
+        ]
         windows = _call(
             cfg, _tables_kernel, (grid, diagonals), operands + stats, grads, len(operands),
             "relattn_relative_attention_tables",
         )  # fmt: skip
-        table_grads = [_overlap_add(w, t, bt) for w, t in zip(windows, tables, strict=True)]
-    rest = iter(table_grads)
+        for name, w in zip(tables, windows, strict=True):
+            table_grads[name] = _overlap_add(w, getattr(x, name), bt)
     return _Inputs(
         q=dq, k=dk, v=dv,
-        qp=dqp[0] if dqp else None, key_table=next(rest) if cfg.has_key_table else None,
-        ks=dks[0] if dks else None, query_table=next(rest) if cfg.has_query_table else None,
-        relative_bias=next(rest) if cfg.has_bias else None,
+        qp=dqp[0] if dqp else None, key_table=table_grads.get("key_table"),
+        ks=dks[0] if dks else None, query_table=table_grads.get("query_table"),
+        relative_bias=table_grads.get("relative_bias"),
         grid_rows=d_grid[0] if d_grid else None, grid_cols=d_grid[1] if d_grid else None,
-        # The segment ids and the key mask: integers, no cotangent.
-        query_segments=None, key_segments=None, key_mask=None,
+        # The segment ids, the key mask and the positions: integers, no cotangent.
+        query_segments=None, key_segments=None, key_mask=None, query_positions=None,
+        key_positions=None,
     )  # fmt: skip
 
 
@@ -768,13 +962,15 @@ def _check_table(
 def _check_per_row(
     name: str, x: Any, axis: str, length: int, batch: int, heads: int, kind: str
 ) -> Any:
-    """A per-query or per-key array ``(..., L)`` (``kind``: ``"integer"`` segment ids or a
-    ``"bool"`` mask), its leading dims made ``(B or 1, H or 1)``, after the checks."""
+    """A per-query or per-key array ``(..., L)`` (``kind``: ``"bool"`` for a mask, else what
+    its integers are, ``"document ids"`` or ``"positions"``), its leading dims made ``(B or
+    1, H or 1)``, after the checks."""
     x = jnp.asarray(x)
-    if kind == "bool" and x.dtype != jnp.bool_:
-        raise TypeError(f"{name} must be bool (True: the key may be seen), got {x.dtype}")
-    if kind == "integer" and not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{name} must have an integer dtype (document ids), got {x.dtype}")
+    if kind == "bool":
+        if x.dtype != jnp.bool_:
+            raise TypeError(f"{name} must be bool (True: the key may be seen), got {x.dtype}")
+    elif not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must have an integer dtype ({kind}), got {x.dtype}")
     expected = f"(..., {axis}) = (..., {length})"
     x = _leading(name, x, 1, expected, batch, heads)
     if x.shape[-1] != length:
@@ -782,16 +978,25 @@ def _check_per_row(
     return x
 
 
-def _segment_ids(query_segments: Any, key_segments: Any) -> tuple[Any, Any]:
-    """The two segment-id arrays in one signed dtype (int32, or int64 for 8-byte ids),
-    equal exactly where the given ids are: a cast within one width only wraps, which keeps
-    equality; two dtypes are first promoted, keeping values."""
-    a, b = query_segments, key_segments
+def _both_or_neither(names: tuple[str, str], a: Any, b: Any) -> bool:
+    """Whether the pair ``a``, ``b`` (named ``names``) is given; one alone is an error."""
+    if (a is None) != (b is None):
+        have, lack = names if b is None else names[::-1]
+        raise ValueError(f"{have} needs {lack}: give both or neither")
+    return a is not None
+
+
+def _integer_pair(names: tuple[str, str], a: Any, b: Any) -> tuple[Any, Any]:
+    """Two integer arrays (the queries' and the keys' segment ids or positions) in one
+    signed dtype, int32 or for 8-byte dtypes int64: two dtypes are first promoted, keeping
+    values; the cast within one width then only wraps, which keeps equality, and keeps
+    differences modulo ``2³²`` (``2⁶⁴``), so exactly where they are below ``2³¹`` (``2⁶³``)
+    in magnitude."""
     if a.dtype != b.dtype:
         common = jax.dtypes.canonicalize_dtype(jnp.promote_types(a.dtype, b.dtype))
         if not jnp.issubdtype(common, jnp.integer):  # uint64 with a signed dtype
             raise TypeError(
-                f"query_segments ({a.dtype}) and key_segments ({b.dtype}) must promote to an "
+                f"{names[0]} ({a.dtype}) and {names[1]} ({b.dtype}) must promote to an "
                 f"integer dtype, got {common}"
             )
         a, b = a.astype(common), b.astype(common)
@@ -805,12 +1010,8 @@ def _check_grid(
     """The decomposed terms ``grid_rows``, ``grid_cols`` (in ``given`` where given) with
     their leading dims made ``(B or 1, H or 1)``, and ``kw`` (0 without them), after the
     checks."""
-    if ("grid_rows" in given) != ("grid_cols" in given):
-        have, lack = (
-            ("grid_rows", "grid_cols") if "grid_rows" in given else ("grid_cols", "grid_rows")
-        )
-        raise ValueError(f"{have} needs {lack}: give both or neither")
-    if "grid_rows" not in given:
+    if not _both_or_neither(("grid_rows", "grid_cols"), given.get("grid_rows"),
+                            given.get("grid_cols")):  # fmt: skip
         if grid_width is not None:
             raise ValueError("grid_width needs grid_rows and grid_cols")
         return {}, 0
@@ -875,6 +1076,8 @@ def relative_attention_kernel(
     query_segments: Any = None,
     key_segments: Any = None,
     key_mask: Any = None,
+    query_positions: Any = None,
+    key_positions: Any = None,
     grid_rows: Any = None,
     grid_cols: Any = None,
     grid_width: int | None = None,
@@ -898,8 +1101,8 @@ def relative_attention_kernel(
         ``key_table`` is.
     key_table : jax.Array of shape (..., W, d), optional
         ``Kʳ``: row ``m`` encodes distance ``δ = m - (Lk - 1)``; adds
-        ``qp_i · Kʳ[m(i, j)]`` with ``m(i, j) = j - i + Lq - 1``. Up to two leading dims,
-        broadcasting to ``(B, H)``.
+        ``qp_i · Kʳ[m(i, j)]`` with ``m(i, j) = j - i + Lq - 1`` (with positions, see
+        below). Up to two leading dims, broadcasting to ``(B, H)``.
     ks : jax.Array of shape (B, H, Lk, d), optional
         Keys times ``scale``; given exactly when ``query_table`` is.
     query_table : jax.Array of shape (..., W, d), optional
@@ -914,6 +1117,14 @@ def relative_attention_kernel(
         ``True`` where the key may be seen (key padding, a cache's unfilled slots); leading
         dims as for the segments. A masked key's ``k``, ``v`` and ``ks`` rows never reach
         the output or a gradient, even where they are NaN or infinite.
+    query_positions, key_positions : jax.Array of shape (..., Lq) and (..., Lk), optional
+        Positions as data (relattn SPEC §2.15), of any integer dtype: the pair's distance
+        is ``δ = key_positions[j] - query_positions[i]``, its table row ``m = δ + Lk - 1``
+        clipped to ``[0, W - 1]``, and with ``causal`` a key with ``δ > 0`` is masked. Both
+        or neither; leading dims as for the segments. 8-byte dtypes are taken as int64, the
+        rest as int32 (wrapping: differences must be below ``2³¹`` in magnitude). By
+        default query ``i`` is at ``i + Lk - Lq`` and key ``j`` at ``j`` (``m = j - i + Lq
+        - 1``), on a faster path.
     grid_rows, grid_cols : jax.Array of shape (..., Lq, kh) and (..., Lq, kw), optional
         The decomposed 2-D relative terms of MViTv2 / ViTDet / SAM for keys on a ``kh × kw``
         grid flattened row-major (``Lk = kh·kw``, key ``j`` at row ``j // kw``, column
@@ -926,14 +1137,17 @@ def relative_attention_kernel(
         ``kw``, the key grid's width; by default ``grid_cols.shape[-1]``. Only with the grid
         terms.
     causal : bool, optional
-        Mask keys with ``δ = j - i - (Lk - Lq) > 0``.
+        Mask keys with ``δ > 0`` (``δ = j - i - (Lk - Lq)`` without positions).
     block_q, block_k : int, optional
         Query and key tile sizes: powers of two, at least 8 (16 compiled, Triton's
         smallest ``dot``); by default ``min(64, Lq)`` (``Lk``) rounded up to a power of
         two, at least that minimum.
     interpret : bool, optional
         Run the kernels in Pallas's interpreter. By default: where the arrays are on a
-        CPU (under ``jax.jit``, where JAX's default backend is the CPU).
+        CPU (under ``jax.jit``, where JAX's default backend is the CPU). ``False`` compiles
+        them through Pallas's Triton lowering, for a GPU; from a CPU a program may be
+        lowered so for CUDA (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``)
+        but not run (JAX's ``ValueError``).
 
     Returns
     -------
@@ -943,7 +1157,8 @@ def relative_attention_kernel(
         given); key ``j`` is visible to query ``i``
         where the causal rule, the segments and the key mask all allow it. A query that
         sees no key (``causal`` with ``Lq > Lk``: the first ``Lq - Lk``; a document whose
-        keys are all masked) gives a zero row, with zero gradients.
+        keys are all masked; with ``causal`` and positions, a query before every key)
+        gives a zero row, with zero gradients.
 
     Raises
     ------
@@ -959,10 +1174,13 @@ def relative_attention_kernel(
         ``grid_rows`` and ``grid_cols`` is given (or ``grid_width`` without them),
         ``grid_width`` is below 1 or does not divide ``Lk``, the grid terms are not
         ``(..., Lq, Lk // kw)`` and ``(..., Lq, kw)`` with leading dims broadcasting to
-        ``(B, H)``, or a tile size is not a power of two at least its minimum.
+        ``(B, H)``, only one of ``query_positions`` and ``key_positions`` is given or they
+        do not end in ``Lq`` (``Lk``) with leading dims broadcasting to ``(B, H)``, or a
+        tile size is not a power of two at least its minimum.
     TypeError
         If the arrays' dtypes differ or are not float16, bfloat16, float32 or float64,
-        the segments are not integers or ``key_mask`` not bool, ``causal`` or
+        the segments or the positions are not integers (or promote to none together),
+        ``key_mask`` is not bool, ``causal`` or
         ``interpret`` is not a bool, or a tile size or ``grid_width`` is not an int.
 
     Notes
@@ -973,26 +1191,43 @@ def relative_attention_kernel(
     table rows ``m0 = j0 - i0 - (bm - 1) + Lq - 1`` to ``m0 + bm + bn - 2``: its
     content-to-position term is one product of the query tile with that window,
     ``R = qp Wᵀ`` of shape ``(bm, window)``, shifted inside the tile,
-    ``term[r, c] = R[r, c - r + bm - 1]`` (Dai et al. 2019, appendix B, as a gather);
-    the position-to-content term likewise from the keys' side. No ``(Lq, Lk, d)`` or
-    ``(Lq, W)`` array exists. The forward is FlashAttention's online softmax; the
-    backward recomputes the tiles from the saved logsumexp (Dao 2023,
+    ``term[r, c] = R[r, c - r + bm - 1]`` (Dai et al. 2019, appendix B); the
+    position-to-content term likewise from the keys' side, and the bias is added to ``R``
+    before the shift. The shift is a one-hot select, ``term[r, c] = Σ_w [w = c - r + bm -
+    1] R[r, w]`` over a ``(bm, bn, window)`` broadcast, not a gather (Pallas's Triton
+    lowering has no rule for one): the same code in the interpreter and compiled. No
+    ``(Lq, Lk, d)`` or ``(Lq, W)`` array exists. The forward is FlashAttention's online
+    softmax; the backward recomputes the tiles from the saved logsumexp (Dao 2023,
     FlashAttention-2, algorithm 2), and each table's gradient is accumulated per tile
     diagonal (where all pairs share a window) and overlap-added, deterministically.
-    Accumulation is in float32 (float64 for float64 inputs). Sequence axes are padded
-    to whole tiles (the padded keys masked) and ``d``, ``d_v`` with zeros to powers of
-    two, at least 16. Segments and the key mask are per-cell selects of the scores to
+    Accumulation is in float32 (float64 for float64 inputs). Sequence axes are padded to
+    whole tiles (the padded keys masked) and ``d``, ``d_v`` with zeros to powers of two,
+    at least 16. Segments and the key mask are per-cell selects of the scores to
     ``-inf``; the masked keys' rows of ``k``, ``v``, ``ks`` are zeroed in each tile before
     its products (``0 · NaN`` is NaN). Every key tile is still visited (no tile skipping
-    by segment ranges). The decomposed term of a tile pair is two products with one-hots of
-    its keys' grid rows and columns, ``grid_rows (bm, KHp) @ onehot(j // kw) (KHp, bn)``
-    (Pallas's Triton lowering has no gather), its gradient ``dS @ onehotᵀ`` accumulated
-    by the program that owns the query rows; no ``(Lq, Lk)`` array. ``kh`` and ``kw`` are
-    padded to powers of two, at least 16. As a product, a NaN or infinity anywhere in a
-    query's row of ``grid_rows`` (``grid_cols``) reaches all of that query's scores.
+    by segment ranges). The decomposed term of a tile pair is two products with one-hots
+    of its keys' grid rows and columns, ``grid_rows (bm, KHp) @ onehot(j // kw) (KHp,
+    bn)``, its gradient ``dS @ onehotᵀ`` accumulated by the program that owns the query
+    rows; no ``(Lq, Lk)`` array. ``kh`` and ``kw`` are padded to powers of two, at least
+    16. As a product, a NaN or infinity anywhere in a query's row of ``grid_rows``
+    (``grid_cols``) reaches all of that query's scores.
 
-    The compiled (GPU) kernels are unverified: jax 0.10.2's Pallas Triton lowering has
-    no rule for the gather of the in-tile shift (the decomposed term needs none).
+    Positions as data take a second path, chosen when they are given: each cell's table
+    row comes from the tiles' positions, the visible cells' rows span ``[lo, hi]``, and
+    the pair loops over windows of ``window`` rows from ``lo`` (one where the positions
+    are contiguous within the pair): one product per window, then the one-hot select of
+    the cells whose row lies in it. No tile is skipped by the causal rule. The tables'
+    gradients (a pair's distances are arbitrary: no tile diagonal shares a window) are
+    added by the ``dq`` kernel, window by window, with atomic adds (float32, or float64)
+    into whole-table outputs: on a GPU their order of summation, so their last bits, may
+    vary from run to run; the interpreter's is fixed. In the backward the window rows
+    that no visible cell reads are zeroed before the products with them: a NaN or
+    infinity in a table row that only hidden pairs reach stays out of every gradient.
+
+    Compiled, the kernels are checked to lower through Pallas's Triton lowering (the
+    tests lower them for CUDA from a CPU), not run on a GPU. Each select holds a ``(bm,
+    bn, window)`` array, ``64 × 64 × 128`` at the default tiles: smaller tiles may compile
+    to faster code.
     """
     arrays = {
         "q": q, "k": k, "v": v, "qp": qp, "key_table": key_table, "ks": ks,
@@ -1026,10 +1261,8 @@ def relative_attention_kernel(
         raise ValueError(f"every axis of q, k, v must be at least 1, got {q.shape}, {v.shape}")
     if max(d, dv) > MAX_HEAD_DIM:
         raise ValueError(f"d and d_v must be at most {MAX_HEAD_DIM}, got d = {d}, d_v = {dv}")
-    for rows, table in (("qp", "key_table"), ("ks", "query_table")):
-        if (rows in given) != (table in given):
-            have, lack = (rows, table) if rows in given else (table, rows)
-            raise ValueError(f"{have} needs {lack}: give both or neither")
+    for pair in (("qp", "key_table"), ("ks", "query_table")):
+        _both_or_neither(pair, given.get(pair[0]), given.get(pair[1]))
     if "qp" in given and given["qp"].shape != q.shape:
         raise _shape_error("qp", f"q's {q.shape}", given["qp"])
     if "ks" in given and given["ks"].shape != k.shape:
@@ -1040,17 +1273,19 @@ def relative_attention_kernel(
         for name, trailing in (("key_table", 2), ("query_table", 2), ("relative_bias", 1))
         if name in given
     }
-    if (query_segments is None) != (key_segments is None):
-        have, lack = (
-            ("query_segments", "key_segments")
-            if key_segments is None
-            else ("key_segments", "query_segments")
+    if _both_or_neither(("query_segments", "key_segments"), query_segments, key_segments):
+        query_segments, key_segments = _integer_pair(
+            ("query_segments", "key_segments"),
+            _check_per_row(
+                "query_segments", query_segments, "Lq", lq, batch, heads, "document ids"
+            ),
+            _check_per_row("key_segments", key_segments, "Lk", lk, batch, heads, "document ids"),
         )
-        raise ValueError(f"{have} needs {lack}: give both or neither")
-    if query_segments is not None:
-        query_segments, key_segments = _segment_ids(
-            _check_per_row("query_segments", query_segments, "Lq", lq, batch, heads, "integer"),
-            _check_per_row("key_segments", key_segments, "Lk", lk, batch, heads, "integer"),
+    if _both_or_neither(("query_positions", "key_positions"), query_positions, key_positions):
+        query_positions, key_positions = _integer_pair(
+            ("query_positions", "key_positions"),
+            _check_per_row("query_positions", query_positions, "Lq", lq, batch, heads, "positions"),
+            _check_per_row("key_positions", key_positions, "Lk", lk, batch, heads, "positions"),
         )
     if key_mask is not None:
         # int32 in the kernels (Triton's loads of bools are bytes); padded keys get 0.
@@ -1064,7 +1299,7 @@ def relative_attention_kernel(
     lq_pad, lk_pad = pl.cdiv(lq, bm) * bm, pl.cdiv(lk, bn) * bn
     dp = max(MIN_TILE_COMPILED, pl.next_power_of_2(d))
     dvp = max(MIN_TILE_COMPILED, pl.next_power_of_2(dv))
-    total = _table_rows(lq_pad, lk_pad, bm, bn)
+    total = _table_rows(lq_pad, lk_pad, bm, bn, query_positions is not None)
 
     def table_rows(name: str) -> Any:
         # Lq' - Lq zero rows in front put true row m at padded row m + Lq' - Lq (see
@@ -1092,6 +1327,8 @@ def relative_attention_kernel(
         query_segments=_pad(query_segments, (0, lq_pad - lq), None),
         key_segments=_pad(key_segments, (0, lk_pad - lk), None),
         key_mask=_pad(key_mask, (0, lk_pad - lk), None),
+        query_positions=_pad(query_positions, (0, lq_pad - lq), None),
+        key_positions=_pad(key_positions, (0, lk_pad - lk), None),
     )  # fmt: skip
     cfg = _Config(
         heads=heads, lq=lq, lk=lk, lq_pad=lq_pad, lk_pad=lk_pad, block_q=bm, block_k=bn,

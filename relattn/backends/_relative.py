@@ -5,16 +5,15 @@ Each computes the content, content-to-position ``(q + v)·Kʳ[δ]``, position-to
 ``k·Qʳ[δ]``, per-distance ``b[δ]`` and decomposed 2-D (grid) terms inside its tiles
 (the block fold's step as one GPU kernel), which no library kernel forms. A plan takes
 one on a GPU for a problem with such a term and nothing the kernels lack (a value
-table, an ``(Lq, Lk)`` mask or bias, positions as data, the caller's functions); on a
+table, an ``(Lq, Lk)`` mask or bias, the caller's functions); on a
 CPU only when ``relattn.config.path`` forces it, where it runs in the library's
-interpreter (slow: for tests). Both take segment ids and a key mask (``(Lk,)`` or
-``(..., 1, Lk)``) besides the causal mask, and share the refusals and the ``(B, H)``
-layout here.
+interpreter (slow: for tests). Both take positions as data, segment ids and a key mask
+(``(Lk,)`` or ``(..., 1, Lk)``) besides the causal mask, and share the refusals and the
+``(B, H)`` layout here.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import math
 import sys
@@ -22,14 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ._base import Kernel
+from ._kernel_limits import MAX_GRID, MAX_HEAD_DIM
 
 __all__ = ["PALLAS", "TRITON", "refusal"]
 
-#: The feature sizes the kernels' tiles hold (FlashAttention's bound); both kernels check it.
-MAX_HEAD_DIM = 256
-#: The key grid's rows and columns (the grid terms): the Triton kernel holds a query tile's
-#: gradients of each in registers.
-MAX_GRID = 256
 #: The input dtypes the kernels take (float32 accumulation).
 DTYPES = ("float16", "bfloat16", "float32")
 #: Triton is installed (looked up once: a plan under torch.compile must not import).
@@ -56,11 +51,8 @@ def refusal(p: Any, library: str) -> str | None:
             f"{kernel} holds a key grid of at most {MAX_GRID} × {MAX_GRID}, got"
             f" {p.grid_rows.shape[-1]} × {p.grid_cols.shape[-1]}"
         )
-    if p.query_positions is not None or p.score_mod is not None or p.mask_mod is not None:
-        return (
-            f"positions as data, score_mod and mask_mod run in the block fold;"
-            f" {kernel} takes the contiguous positions"
-        )
+    if p.score_mod is not None or p.mask_mod is not None:
+        return "score_mod and mask_mod are the caller's functions, evaluated in the block fold"
     if p.bias is not None:
         return f"an (Lq, Lk) bias is not formed in {kernel}'s tiles"
     if p.mask is not None and not _is_key_mask(p.mask):
@@ -87,22 +79,12 @@ def refusal(p: Any, library: str) -> str | None:
             return f"{kernel} runs on CUDA devices, not {p.q.device.type}"
         if not _HAS_TRITON:
             return "triton is not installed (pip install triton)"
-        if sys.modules["torch"].compiler.is_compiling():
-            return f"under torch.compile, which traces no call into {kernel}'s launcher"
     else:
         # Traced arrays report no device: the program runs on JAX's default backend.
         platforms = {device.platform for a in arrays for device in _devices(a)}
         platforms = platforms or {sys.modules["jax"].default_backend()}
         if not platforms <= {"cpu", "gpu", "cuda", "rocm"}:
             return f"{kernel} is written for GPUs (Triton lowering), not {sorted(platforms)}"
-        shifted = p.key_table is not None or p.query_table is not None
-        if platforms - {"cpu"} and (shifted or p.relative_bias is not None):
-            if not _pallas_gathers():
-                return (
-                    f"{kernel}'s in-tile relative shift is a gather, for which this JAX's"
-                    " Pallas GPU (Triton) lowering has no rule; it runs in the interpreter"
-                    " only (the grid terms alone need none)"
-                )
     return None
 
 
@@ -116,17 +98,6 @@ def _key_mask(mask: Any, xp: Any) -> Any:
     if mask is None or mask.ndim == 1:
         return mask
     return xp.reshape(mask, (*mask.shape[:-2], mask.shape[-1]))
-
-
-def _pallas_gathers() -> bool:
-    """Whether this JAX lowers a gather inside a Pallas kernel to Triton (jax 0.10 does
-    not: ``lax.gather_p`` has no rule in ``jax._src.pallas.triton.lowering``)."""
-    try:
-        from jax import lax
-        from jax._src.pallas.triton import lowering
-    except ImportError:
-        return False
-    return lax.gather_p in getattr(lowering, "triton_lowering_rules", {})
 
 
 def _devices(x: Any) -> Any:
@@ -157,9 +128,26 @@ def _four(x: Any, lead: tuple[int, ...], trailing: int, xp: Any) -> Any:
     return xp.reshape(x, shape)
 
 
+def _triton() -> Any:
+    from . import _triton
+
+    return _triton
+
+
+def _pallas() -> Any:
+    from . import _pallas
+
+    return _pallas
+
+
+#: The kernels' modules, imported where first used (an ``import`` statement, which
+#: torch.compile traces; ``importlib.import_module`` would break its graph).
+_KERNELS = {"_triton": _triton, "_pallas": _pallas}
+
+
 def _prepare(module: str) -> Callable[[Any], Callable[[Any], Any]]:
     def prepare(p: Any) -> Callable[[Any], Any]:
-        kernel = importlib.import_module(f"relattn.backends.{module}").relative_attention_kernel
+        kernel = _KERNELS[module]().relative_attention_kernel
         lead = tuple(p.lead)
 
         def run(p: Any) -> Any:
@@ -181,6 +169,8 @@ def _prepare(module: str) -> Callable[[Any], Callable[[Any], Any]]:
                 grid_rows=_four(p.grid_rows, lead, 2, xp),
                 grid_cols=_four(p.grid_cols, lead, 2, xp),
                 grid_width=None if p.grid_cols is None else p.grid_cols.shape[-1],
+                query_positions=_four(p.query_positions, lead, 1, xp),
+                key_positions=_four(p.key_positions, lead, 1, xp),
                 causal=bool(p.causal),
             )  # fmt: skip
             return xp.reshape(out, (*lead, p.lq, p.v.shape[-1]))

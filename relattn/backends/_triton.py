@@ -18,6 +18,13 @@ grid_cols[i, j % kw]`` for keys on a ``kh × kw`` grid, are read per cell from t
 small per-query arrays; their gradients are summed per key-grid row and column by the
 query tile's backward program (one-hot products of ``dS``).
 
+Positions as data (``query_positions``, ``key_positions``) take each cell's table row
+from them: a tile pair loops over windows of table rows from the smallest row its
+visible cells read, a product with each and a one-hot scatter of the cells in it; the
+tables' gradients are then added per window with atomic adds. The launches are PyTorch
+custom operators (``relattn::triton_relative_attention`` and its backward), so
+``torch.compile`` keeps them in its graph.
+
 The kernels are defined once, as plain functions, and jitted twice by
 :func:`_kernels`: compiled for GPU tensors and interpreted (``TRITON_INTERPRET``,
 which ``triton.jit`` reads when it decorates) for CPU tensors.
@@ -39,7 +46,7 @@ try:
 except ImportError:  # the module imports without Triton (a doctest run); the plan refuses
     triton = tl = None
 
-from ._relative import MAX_GRID, MAX_HEAD_DIM
+from ._kernel_limits import MAX_GRID, MAX_HEAD_DIM
 
 __all__ = ["relative_attention_kernel"]
 
@@ -86,8 +93,9 @@ def _key_tile(
     return tl.load(ptr + r * stride_row + c * stride_col, mask=inside, other=0.0)
 
 
-def _segments(ptr, start, n, stride, N: tl.constexpr):
-    """Entries ``start … start + N - 1`` of a length-``n`` integer vector, as int64."""
+def _integers(ptr, start, n, stride, N: tl.constexpr):
+    """Entries ``start … start + N - 1`` of a length-``n`` integer vector (segment ids,
+    positions), as int64."""
     at = start + tl.arange(0, N)
     return tl.load(ptr + at * stride, mask=at < n, other=0).to(tl.int64)
 
@@ -99,17 +107,21 @@ def _keep(ptr, start, n, stride, N: tl.constexpr):
 
 
 def _visible(
-    i0, j0, LQ, LK, q_seg, k_seg, keep,
+    i0, j0, LQ, LK, q_seg, k_seg, keep, q_pos, k_pos,
     CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    HAS_POS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     """``(BM, BN)``: whether query ``i0 + r`` sees key ``j0 + c`` (inside both lengths, the
-    causal rule, the same segment, the key not masked)."""
+    causal rule ``δ <= 0`` on the indices or the given positions, the same segment, the key
+    not masked)."""
     i = i0 + tl.arange(0, BM)[:, None]
     j = j0 + tl.arange(0, BN)[None, :]
     visible = (i < LQ) & (j < LK)
     if CAUSAL:
-        visible = visible & (j - i <= LK - LQ)
+        if HAS_POS:
+            visible = visible & (k_pos[None, :] <= q_pos[:, None])
+        else:
+            visible = visible & (j - i <= LK - LQ)
     if HAS_SEG:
         visible = visible & (q_seg[:, None] == k_seg[None, :])
     if HAS_MASK:
@@ -131,6 +143,48 @@ def _store(ptr, value, start, n, cols, ROWS: tl.constexpr, COLS: tl.constexpr):
     tl.store(ptr + r * cols + c, value.to(ptr.dtype.element_ty), mask=inside)
 
 
+def _table_rows(q_pos, k_pos, LK, LIMIT):
+    """``(BM, BN)``: the table row of each cell at the given positions, ``m = δ + Lk - 1``
+    with ``δ = k_pos[c] - q_pos[r]``, clipped to the rows ``[0, LIMIT)`` (SPEC §2.15)."""
+    m = k_pos[None, :] - q_pos[:, None] + (LK - 1)
+    return tl.minimum(tl.maximum(m, 0), LIMIT - 1)
+
+
+def _span(m, visible, LIMIT):
+    """The smallest and largest table row of the visible cells (``lo > hi`` for none)."""
+    lo = tl.reduce(tl.where(visible, m, LIMIT), 1, tl.standard._elementwise_min)
+    hi = tl.reduce(tl.where(visible, m, -1), 1, tl.standard._elementwise_max)
+    return (
+        tl.reduce(lo, 0, tl.standard._elementwise_min),
+        tl.reduce(hi, 0, tl.standard._elementwise_max),
+    )
+
+
+def _in_window(m, visible, w0, WIN: tl.constexpr):
+    """The window column ``m - w0`` of each visible cell whose row lies in the window
+    ``[w0, w0 + WIN)``, -1 for the other cells (int32: a bool tensor broadcast to three
+    dims would go through shared memory, which holds no 1-bit elements)."""
+    at = m - w0
+    return tl.where(visible & (at >= 0) & (at < WIN), at, -1).to(tl.int32)
+
+
+def _scatter_rows(x, at, WIN: tl.constexpr):
+    """``(BM, WIN)``: ``g[r, w] = Σ_c x[r, c]`` over the cells with window column ``at[r, c]
+    = w`` (a one-hot sum: at given positions, several keys of a row may share a distance;
+    cells at -1 add nowhere)."""
+    w = tl.arange(0, WIN)[None, None, :]
+    hit = (at[:, :, None] == w).to(x.dtype)  # no 1-bit tensor through shared memory
+    return tl.reduce(x[:, :, None] * hit, 1, tl.standard._sum_combine)
+
+
+def _scatter_cols(x, at, WIN: tl.constexpr):
+    """``(WIN, BN)``: ``g[w, c] = Σ_r x[r, c]`` over the cells with window column ``at[r, c]
+    = w`` (the key side's :func:`_scatter_rows`)."""
+    w = tl.arange(0, WIN)[:, None, None]
+    hit = (at[None, :, :] == w).to(x.dtype)
+    return tl.reduce(x[None, :, :] * hit, 1, tl.standard._sum_combine)
+
+
 def _first_column(i0, j0, LQ, BM: tl.constexpr):
     """``m0``: the table row of the smallest distance of the tile pair ``(i0, j0)``
     (query ``i0 + BM - 1``, key ``j0``); the pair reads rows ``m0 … m0 + BM + BN - 2``."""
@@ -139,22 +193,70 @@ def _first_column(i0, j0, LQ, BM: tl.constexpr):
 
 def _scores(
     q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-    gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
+    gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LK, LIMIT, D, visible,
+    q_pos, k_pos,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_GRID: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_POS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr,
+    DP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The ``(BM, BN)`` scores of a tile pair, ``-inf`` where the key is not ``visible``
     (selected, so a NaN or inf of a hidden cell's table row goes nowhere). The grid
     terms ``grid_rows[i, j // KW] + grid_cols[i, j % KW]`` are loaded per visible cell
-    (the query's rows of the two ``(Lq, kh)``, ``(Lq, kw)`` arrays, gathered)."""
+    (the query's rows of the two ``(Lq, kh)``, ``(Lq, kw)`` arrays, gathered).
+
+    At given positions (``HAS_POS``) the table rows of a tile pair are data: the pair
+    takes the windows of ``WIN`` rows from the smallest to the largest row its visible
+    cells read, one product per window, each cell gathering its column from the window
+    that holds its row."""
+    r = tl.arange(0, BM)[:, None]
+    c = tl.arange(0, BN)[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if HAS_POS:
+        m = _table_rows(q_pos, k_pos, LK, LIMIT)
+        if HAS_KR or HAS_QR:
+            lo, hi = _span(m, visible, LIMIT)
+            for w0 in range(lo, hi + 1, WIN):
+                at_w = _in_window(m, visible, w0, WIN)
+                inside = at_w >= 0
+                at_w = tl.maximum(at_w, 0)
+                if HAS_KR:
+                    window = _tile(kr_ptr, w0, LIMIT, kr_sw, kr_sd, D, WIN, DP)
+                    product = tl.dot(qp, tl.trans(window), input_precision=PRECISION)
+                    s += tl.where(inside, tl.gather(product, at_w, 1), 0.0)
+                if HAS_QR:
+                    window = _tile(qr_ptr, w0, LIMIT, qr_sw, qr_sd, D, WIN, DP)
+                    product = tl.dot(window, tl.trans(ks), input_precision=PRECISION)
+                    s += tl.where(inside, tl.gather(product, at_w, 0), 0.0)
+        if HAS_B:
+            s += tl.load(b_ptr + m * b_sw).to(s.dtype)  # m is clipped into the table
+    else:
+        s = _shifted_terms(
+            s, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw, i0, j0, LQ,
+            LIMIT, D, HAS_KR, HAS_QR, HAS_B, BM, BN, WIN, DP, PRECISION,
+        )  # fmt: skip
+    if HAS_GRID:
+        i = i0 + r
+        j = j0 + c
+        rows = tl.load(gr_ptr + i * gr_sl + (j // KW) * gr_sc, mask=visible, other=0.0)
+        cols = tl.load(gc_ptr + i * gc_sl + (j % KW) * gc_sc, mask=visible, other=0.0)
+        s += rows.to(s.dtype) + cols.to(s.dtype)
+    return tl.where(visible, s, float("-inf"))
+
+
+def _shifted_terms(
+    s, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw, i0, j0, LQ, LIMIT, D,
+    HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``s`` plus the table terms of a tile pair at contiguous positions: one product with
+    the pair's window of ``BM + BN - 1`` rows, shifted to key columns."""
     r = tl.arange(0, BM)[:, None]
     c = tl.arange(0, BN)[None, :]
     # Cell (r, c) has m = m0 + (c - r + BM - 1): row c - r + BM - 1 (0 … BM + BN - 2) of
     # the pair's table window, which starts at m0.
     at = c - r + (BM - 1)
     m0 = _first_column(i0, j0, LQ, BM)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if HAS_KR:
         window = _tile(kr_ptr, m0, LIMIT, kr_sw, kr_sd, D, WIN, DP)
         # (BM, WIN) products of each query with every row; row r takes its BN columns.
@@ -166,13 +268,7 @@ def _scores(
     if HAS_B:
         m = m0 + at
         s += tl.load(b_ptr + m * b_sw, mask=(m >= 0) & (m < LIMIT), other=0.0).to(s.dtype)
-    if HAS_GRID:
-        i = i0 + r
-        j = j0 + c
-        rows = tl.load(gr_ptr + i * gr_sl + (j // KW) * gr_sc, mask=visible, other=0.0)
-        cols = tl.load(gc_ptr + i * gc_sl + (j % KW) * gc_sc, mask=visible, other=0.0)
-        s += rows.to(s.dtype) + cols.to(s.dtype)
-    return tl.where(visible, s, float("-inf"))
+    return s
 
 
 def _score_grads(s, lse, do, v, delta, PRECISION: tl.constexpr):
@@ -220,6 +316,70 @@ def _reached(window, visible, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.conste
     return tl.where(seen[:, None] > 0, window, 0.0)
 
 
+def _seen_rows(ptr, start, n, stride_row, stride_col, cols, seen, ROWS: tl.constexpr,
+               COLS: tl.constexpr):  # fmt: skip
+    """:func:`_tile` with the rows that no visible cell reads (``seen`` False) zero: their
+    values (NaN perhaps) must not reach ``g @ window`` as ``0·NaN``. A masked load (a select
+    after the load gives sm_80's compiler a 1-bit operand of the product to convert)."""
+    r = start + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, COLS)[None, :]
+    inside = (r >= 0) & (r < n) & (c < cols) & seen[:, None]
+    return tl.load(ptr + r * stride_row + c * stride_col, mask=inside, other=0.0)
+
+
+def _position_rows_grads(
+    ds, qp, visible, q_pos, k_pos, kr_ptr, kr_sw, kr_sd, dkr_ptr, db_ptr, dqp, LK, LIMIT, D,
+    HAS_KR: tl.constexpr, HAS_B: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """A tile pair's query-side table gradients at given positions: ``dqp`` plus
+    ``Σ_j dS_ij Kʳ[m(i, j)]`` (returned), and ``dKʳ[m] += Σ dS_ij qp_i``, ``db[m] += Σ dS_ij``
+    over the pair's cells of row ``m``, added atomically to the ``(LIMIT, D)`` and
+    ``(LIMIT,)`` buffers at ``dkr_ptr``, ``db_ptr``; window by window as the forward."""
+    m = _table_rows(q_pos, k_pos, LK, LIMIT)
+    lo, hi = _span(m, visible, LIMIT)
+    features = tl.arange(0, DP)[None, :]
+    for w0 in range(lo, hi + 1, WIN):
+        at_w = _in_window(m, visible, w0, WIN)
+        g = _scatter_rows(ds, at_w, WIN)  # (BM, WIN)
+        rows = w0 + tl.arange(0, WIN)
+        if HAS_KR:
+            seen = _scatter_rows((at_w >= 0).to(tl.float32), at_w, WIN)
+            seen = tl.reduce(seen, 0, tl.standard._elementwise_max) > 0
+            window = _seen_rows(kr_ptr, w0, LIMIT, kr_sw, kr_sd, D, seen, WIN, DP)
+            dqp += tl.dot(g.to(window.dtype), window, input_precision=PRECISION)
+            share = tl.dot(tl.trans(g.to(qp.dtype)), qp, input_precision=PRECISION)
+            cells = (rows[:, None] < LIMIT) & (features < D)
+            tl.atomic_add(dkr_ptr + rows[:, None] * D + features, share, mask=cells)
+        if HAS_B:
+            share = tl.reduce(g, 0, tl.standard._sum_combine)
+            tl.atomic_add(db_ptr + rows, share, mask=rows < LIMIT)
+    return dqp
+
+
+def _position_cols_grads(
+    ds, ks, visible, q_pos, k_pos, qr_ptr, qr_sw, qr_sd, dqr_ptr, dks, LK, LIMIT, D,
+    WIN: tl.constexpr, DP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The key side's :func:`_position_rows_grads`: ``dks`` plus ``Σ_i dS_ij Qʳ[m(i, j)]``
+    (returned) and ``dQʳ[m] += Σ dS_ij ks_j``, added atomically at ``dqr_ptr``."""
+    m = _table_rows(q_pos, k_pos, LK, LIMIT)
+    lo, hi = _span(m, visible, LIMIT)
+    features = tl.arange(0, DP)[None, :]
+    for w0 in range(lo, hi + 1, WIN):
+        at_w = _in_window(m, visible, w0, WIN)
+        g = _scatter_cols(ds, at_w, WIN)  # (WIN, BN)
+        seen = _scatter_cols((at_w >= 0).to(tl.float32), at_w, WIN)
+        seen = tl.reduce(seen, 1, tl.standard._elementwise_max) > 0
+        window = _seen_rows(qr_ptr, w0, LIMIT, qr_sw, qr_sd, D, seen, WIN, DP)
+        dks += tl.dot(tl.trans(g.to(window.dtype)), window, input_precision=PRECISION)
+        share = tl.dot(g.to(ks.dtype), ks, input_precision=PRECISION)
+        rows = w0 + tl.arange(0, WIN)
+        cells = (rows[:, None] < LIMIT) & (features < D)
+        tl.atomic_add(dqr_ptr + rows[:, None] * D + features, share, mask=cells)
+    return dks
+
+
 # -------------------------------------------------------------------------------------------
 # Kernels. All take the inputs, their strides and the sizes in one order (see _inputs):
 # absent inputs are q itself (never read: their HAS_* flag is off). Outputs, dO, the
@@ -227,16 +387,18 @@ def _reached(window, visible, BM: tl.constexpr, BN: tl.constexpr, WIN: tl.conste
 # -------------------------------------------------------------------------------------------
 def _forward(
     q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
-    kmask_ptr,
+    kmask_ptr, qpos_ptr, kpos_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
     gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
+    qpos_sb, qpos_sh, qpos_sl, kpos_sb, kpos_sh, kpos_sl,
     H, LQ, LK, LIMIT, D, DV, KW,
     o_ptr, lse_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, HAS_POS: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -257,27 +419,35 @@ def _forward(
     qp = q
     if HAS_KR:
         qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
-    q_seg = i0  # a stand-in, never read without HAS_SEG (as k_seg, keep below)
+    q_seg = i0  # a stand-in, never read without HAS_SEG (as k_seg, keep, the positions)
     if HAS_SEG:
-        q_seg = _segments(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
+        q_seg = _integers(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
+    q_pos = i0
+    if HAS_POS:
+        q_pos = _integers(_at(qpos_ptr, bh, H, qpos_sb, qpos_sh), i0, LQ, qpos_sl, BM)
+    kpos_ptr = _at(kpos_ptr, bh, H, kpos_sb, kpos_sh)
     m_i = tl.full((BM,), float("-inf"), ACC)
     l_i = tl.full((BM,), 0.0, ACC)
     acc = tl.full((BM, DVP), 0.0, ACC)
     stop = LK
-    if CAUSAL:
+    if CAUSAL and not HAS_POS:
         stop = tl.minimum(LK, i0 + BM + LK - LQ)  # later key tiles are wholly masked
     for j0 in range(0, stop, BN):
         k_seg = j0
         if HAS_SEG:
-            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+            k_seg = _integers(kseg_ptr, j0, LK, kseg_sl, BN)
+        k_pos = j0
+        if HAS_POS:
+            k_pos = _integers(kpos_ptr, j0, LK, kpos_sl, BN)
         keep = j0
         if HAS_MASK:
             keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
         visible = _visible(
-            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
+            i0, j0, LQ, LK, q_seg, k_seg, keep, q_pos, k_pos, CAUSAL, HAS_SEG, HAS_MASK,
+            HAS_POS, BM, BN,
         )  # fmt: skip
         live = True
-        if HAS_SEG or HAS_MASK:
+        if HAS_SEG or HAS_MASK or HAS_POS:
             live = _any(visible)  # skip a tile without a visible pair (other documents)
         if live:
             k = _key_tile(k_ptr, j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
@@ -286,8 +456,9 @@ def _forward(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
-                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LK, LIMIT, D, visible,
+                q_pos, k_pos, HAS_KR, HAS_QR, HAS_B, HAS_GRID, HAS_POS, BM, BN, WIN, DP,
+                PRECISION,
             )  # fmt: skip
             m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
             # A row with no visible key so far keeps m = -inf: subtract 0 there, so that
@@ -311,22 +482,25 @@ def _forward(
 
 def _backward_rows(
     q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
-    kmask_ptr,
+    kmask_ptr, qpos_ptr, kpos_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
     gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
+    qpos_sb, qpos_sh, qpos_sl, kpos_sb, kpos_sh, kpos_sl,
     H, LQ, LK, LIMIT, D, DV, KW,
-    do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr, dgr_ptr, dgc_ptr,
+    do_ptr, lse_ptr, delta_ptr, dq_ptr, dqp_ptr, dgr_ptr, dgc_ptr, dkr_ptr, db_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, HAS_POS: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One query tile: ``dq = dS k``, ``dqp_i = Σ_j dS_ij Kʳ[m(i, j)]``, and the grid
     terms' ``dgrid_rows[i, a] = Σ_{j // KW = a} dS_ij``, ``dgrid_cols[i, b] = Σ_{j % KW = b}
-    dS_ij`` (one-hot products per key tile; the program owns the rows ``i``)."""
+    dS_ij`` (one-hot products per key tile; the program owns the rows ``i``). At given
+    positions also the tile's shares of ``dKʳ`` and ``db``, added atomically."""
     bh = tl.program_id(1).to(tl.int64)
     i0 = tl.program_id(0) * BM
     k_ptr = _at(k_ptr, bh, H, k_sb, k_sh)
@@ -345,7 +519,11 @@ def _backward_rows(
         qp = _tile(_at(qp_ptr, bh, H, qp_sb, qp_sh), i0, LQ, qp_sl, qp_sd, D, BM, DP)
     q_seg = i0
     if HAS_SEG:
-        q_seg = _segments(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
+        q_seg = _integers(_at(qseg_ptr, bh, H, qseg_sb, qseg_sh), i0, LQ, qseg_sl, BM)
+    q_pos = i0
+    if HAS_POS:
+        q_pos = _integers(_at(qpos_ptr, bh, H, qpos_sb, qpos_sh), i0, LQ, qpos_sl, BM)
+    kpos_ptr = _at(kpos_ptr, bh, H, kpos_sb, kpos_sh)
     do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
     rows = i0 + tl.arange(0, BM)
     lse = tl.load(lse_ptr + bh * LQ + rows, mask=rows < LQ, other=0.0)
@@ -355,20 +533,24 @@ def _backward_rows(
     dgr = tl.full((BM, KHP), 0.0, ACC)
     dgc = tl.full((BM, KWP), 0.0, ACC)
     stop = LK
-    if CAUSAL:
+    if CAUSAL and not HAS_POS:
         stop = tl.minimum(LK, i0 + BM + LK - LQ)
     for j0 in range(0, stop, BN):
         k_seg = j0
         if HAS_SEG:
-            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+            k_seg = _integers(kseg_ptr, j0, LK, kseg_sl, BN)
+        k_pos = j0
+        if HAS_POS:
+            k_pos = _integers(kpos_ptr, j0, LK, kpos_sl, BN)
         keep = j0
         if HAS_MASK:
             keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
         visible = _visible(
-            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
+            i0, j0, LQ, LK, q_seg, k_seg, keep, q_pos, k_pos, CAUSAL, HAS_SEG, HAS_MASK,
+            HAS_POS, BM, BN,
         )  # fmt: skip
         live = True
-        if HAS_SEG or HAS_MASK:
+        if HAS_SEG or HAS_MASK or HAS_POS:
             live = _any(visible)
         if live:
             k = _key_tile(k_ptr, j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
@@ -377,13 +559,19 @@ def _backward_rows(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
-                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LK, LIMIT, D, visible,
+                q_pos, k_pos, HAS_KR, HAS_QR, HAS_B, HAS_GRID, HAS_POS, BM, BN, WIN, DP,
+                PRECISION,
             )  # fmt: skip
             v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
             _, ds = _score_grads(s, lse, do, v, delta, PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-            if HAS_KR:
+            if HAS_POS and (HAS_KR or HAS_B):
+                dqp = _position_rows_grads(
+                    ds, qp, visible, q_pos, k_pos, kr_ptr, kr_sw, kr_sd, dkr_ptr + bh * LIMIT * D,
+                    db_ptr + bh * LIMIT, dqp, LK, LIMIT, D, HAS_KR, HAS_B, WIN, DP, PRECISION,
+                )  # fmt: skip
+            elif HAS_KR:
                 m0 = _first_column(i0, j0, LQ, BM)
                 window = _tile(kr_ptr, m0, LIMIT, kr_sw, kr_sd, D, WIN, DP)
                 if HAS_SEG or HAS_MASK:
@@ -407,20 +595,23 @@ def _backward_rows(
 
 def _backward_keys(
     q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
-    kmask_ptr,
+    kmask_ptr, qpos_ptr, kpos_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
     gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
+    qpos_sb, qpos_sh, qpos_sl, kpos_sb, kpos_sh, kpos_sl,
     H, LQ, LK, LIMIT, D, DV, KW,
-    do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dks_ptr,
+    do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dks_ptr, dqr_ptr,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, HAS_POS: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """One key tile: ``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]``."""
+    """One key tile: ``dk = dSᵀ q``, ``dv = Pᵀ dO`` and ``dks_j = Σ_i dS_ij Qʳ[m(i, j)]``; at
+    given positions also the tile's share of ``dQʳ``, added atomically."""
     bh = tl.program_id(1).to(tl.int64)
     j0 = tl.program_id(0) * BN
     q_ptr = _at(q_ptr, bh, H, q_sb, q_sh)
@@ -433,10 +624,14 @@ def _backward_keys(
     qseg_ptr = _at(qseg_ptr, bh, H, qseg_sb, qseg_sh)
     k_seg = j0
     if HAS_SEG:
-        k_seg = _segments(_at(kseg_ptr, bh, H, kseg_sb, kseg_sh), j0, LK, kseg_sl, BN)
+        k_seg = _integers(_at(kseg_ptr, bh, H, kseg_sb, kseg_sh), j0, LK, kseg_sl, BN)
     keep = j0
     if HAS_MASK:
         keep = _keep(_at(kmask_ptr, bh, H, kmask_sb, kmask_sh), j0, LK, kmask_sl, BN)
+    k_pos = j0
+    if HAS_POS:
+        k_pos = _integers(_at(kpos_ptr, bh, H, kpos_sb, kpos_sh), j0, LK, kpos_sl, BN)
+    qpos_ptr = _at(qpos_ptr, bh, H, qpos_sb, qpos_sh)
     k = _key_tile(_at(k_ptr, bh, H, k_sb, k_sh), j0, LK, k_sl, k_sd, D, keep, HAS_MASK, BN, DP)
     ks = k
     if HAS_QR:
@@ -448,18 +643,22 @@ def _backward_keys(
     dv = tl.full((BN, DVP), 0.0, ACC)
     dks = tl.full((BN, DP), 0.0, ACC)
     start = 0
-    if CAUSAL:
+    if CAUSAL and not HAS_POS:
         # Query i sees key j0 from i = j0 - (Lk - Lq) on: start at that row's tile.
         start = tl.maximum(0, j0 - (LK - LQ)) // BM * BM
     for i0 in range(start, LQ, BM):
         q_seg = i0
         if HAS_SEG:
-            q_seg = _segments(qseg_ptr, i0, LQ, qseg_sl, BM)
+            q_seg = _integers(qseg_ptr, i0, LQ, qseg_sl, BM)
+        q_pos = i0
+        if HAS_POS:
+            q_pos = _integers(qpos_ptr, i0, LQ, qpos_sl, BM)
         visible = _visible(
-            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
+            i0, j0, LQ, LK, q_seg, k_seg, keep, q_pos, k_pos, CAUSAL, HAS_SEG, HAS_MASK,
+            HAS_POS, BM, BN,
         )  # fmt: skip
         live = True
-        if HAS_SEG or HAS_MASK:
+        if HAS_SEG or HAS_MASK or HAS_POS:
             live = _any(visible)
         if live:
             q = _tile(q_ptr, i0, LQ, q_sl, q_sd, D, BM, DP)
@@ -468,8 +667,9 @@ def _backward_keys(
                 qp = _tile(qp_ptr, i0, LQ, qp_sl, qp_sd, D, BM, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
-                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LK, LIMIT, D, visible,
+                q_pos, k_pos, HAS_KR, HAS_QR, HAS_B, HAS_GRID, HAS_POS, BM, BN, WIN, DP,
+                PRECISION,
             )  # fmt: skip
             do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
             rows = i0 + tl.arange(0, BM)
@@ -478,7 +678,12 @@ def _backward_keys(
             p, ds = _score_grads(s, lse, do, v, delta, PRECISION)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-            if HAS_QR:
+            if HAS_POS and HAS_QR:
+                dks = _position_cols_grads(
+                    ds, ks, visible, q_pos, k_pos, qr_ptr, qr_sw, qr_sd, dqr_ptr + bh * LIMIT * D,
+                    dks, LK, LIMIT, D, WIN, DP, PRECISION,
+                )  # fmt: skip
+            elif HAS_QR:
                 m0 = _first_column(i0, j0, LQ, BM)
                 window = _tile(qr_ptr, m0, LIMIT, qr_sw, qr_sd, D, WIN, DP)
                 if HAS_SEG or HAS_MASK:
@@ -493,16 +698,18 @@ def _backward_keys(
 
 def _backward_tables(
     q_ptr, k_ptr, v_ptr, qp_ptr, ks_ptr, kr_ptr, qr_ptr, gr_ptr, gc_ptr, b_ptr, qseg_ptr, kseg_ptr,
-    kmask_ptr,
+    kmask_ptr, qpos_ptr, kpos_ptr,
     q_sb, q_sh, q_sl, q_sd, k_sb, k_sh, k_sl, k_sd, v_sb, v_sh, v_sl, v_sd,
     qp_sb, qp_sh, qp_sl, qp_sd, ks_sb, ks_sh, ks_sl, ks_sd,
     kr_sb, kr_sh, kr_sw, kr_sd, qr_sb, qr_sh, qr_sw, qr_sd,
     gr_sb, gr_sh, gr_sl, gr_sc, gc_sb, gc_sh, gc_sl, gc_sc, b_sb, b_sh, b_sw,
     qseg_sb, qseg_sh, qseg_sl, kseg_sb, kseg_sh, kseg_sl, kmask_sb, kmask_sh, kmask_sl,
+    qpos_sb, qpos_sh, qpos_sl, kpos_sb, kpos_sh, kpos_sl,
     H, LQ, LK, LIMIT, D, DV, KW,
     do_ptr, lse_ptr, delta_ptr, dkr_ptr, dqr_ptr, db_ptr, NI, NJ, PARITY,
     HAS_KR: tl.constexpr, HAS_QR: tl.constexpr, HAS_B: tl.constexpr, HAS_SEG: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_GRID: tl.constexpr, HAS_POS: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, WIN: tl.constexpr, DP: tl.constexpr,
     DVP: tl.constexpr, KHP: tl.constexpr, KWP: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -544,13 +751,15 @@ def _backward_tables(
         q_seg = i0
         k_seg = j0
         if HAS_SEG:
-            q_seg = _segments(qseg_ptr, i0, LQ, qseg_sl, BM)
-            k_seg = _segments(kseg_ptr, j0, LK, kseg_sl, BN)
+            q_seg = _integers(qseg_ptr, i0, LQ, qseg_sl, BM)
+            k_seg = _integers(kseg_ptr, j0, LK, kseg_sl, BN)
         keep = j0
         if HAS_MASK:
             keep = _keep(kmask_ptr, j0, LK, kmask_sl, BN)
+        # Never at given positions (the tile kernels sum these gradients then): the indices'
+        # causal rule, no positions read.
         visible = _visible(
-            i0, j0, LQ, LK, q_seg, k_seg, keep, CAUSAL, HAS_SEG, HAS_MASK, BM, BN
+            i0, j0, LQ, LK, q_seg, k_seg, keep, i0, j0, CAUSAL, HAS_SEG, HAS_MASK, False, BM, BN
         )  # fmt: skip
         live = True
         if HAS_SEG or HAS_MASK:
@@ -566,8 +775,8 @@ def _backward_tables(
                 ks = _key_tile(ks_ptr, j0, LK, ks_sl, ks_sd, D, keep, HAS_MASK, BN, DP)
             s = _scores(
                 q, k, qp, ks, kr_ptr, kr_sw, kr_sd, qr_ptr, qr_sw, qr_sd, b_ptr, b_sw,
-                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LIMIT, D, visible,
-                HAS_KR, HAS_QR, HAS_B, HAS_GRID, BM, BN, WIN, DP, PRECISION,
+                gr_ptr, gr_sl, gr_sc, gc_ptr, gc_sl, gc_sc, KW, i0, j0, LQ, LK, LIMIT, D, visible,
+                i0, j0, HAS_KR, HAS_QR, HAS_B, HAS_GRID, False, BM, BN, WIN, DP, PRECISION,
             )  # fmt: skip
             v = _key_tile(v_ptr, j0, LK, v_sl, v_sd, DV, keep, HAS_MASK, BN, DVP)
             do = _tile(do_ptr + bh * LQ * DV, i0, LQ, DV, 1, DV, BM, DVP)
@@ -599,8 +808,10 @@ def _backward_tables(
 
 
 _DEVICE_FUNCTIONS = (
-    _at, _tile, _key_tile, _segments, _keep, _visible, _any, _store, _first_column, _scores,
-    _score_grads, _window_rows, _window_cols, _one_hot, _reached,
+    _at, _tile, _key_tile, _integers, _keep, _visible, _any, _store, _table_rows, _span,
+    _in_window, _scatter_rows, _scatter_cols, _first_column, _scores, _shifted_terms,
+    _score_grads, _window_rows, _window_cols, _one_hot, _reached, _position_rows_grads,
+    _position_cols_grads, _seen_rows,
 )  # fmt: skip
 _KERNELS = (_forward, _backward_rows, _backward_keys, _backward_tables)
 
@@ -666,15 +877,16 @@ def _or(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
 
 
 def _inputs(
-    q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, config: _Config
+    q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos, config: _Config
 ) -> tuple[list[Any], dict[str, Any]]:
     """The kernels' shared leading arguments, and the keyword arguments of every launch
     (``meta``): the constexpr flags and tile sizes, and Triton's launch options."""
     if kmask is not None:
         kmask = kmask.view(torch.uint8)  # the same bytes and strides, read as 0 / 1
-    given = (q, k, v, qp, ks, kr, qr, grows, gcols, bias, qseg, kseg, kmask)
+    given = (q, k, v, qp, ks, kr, qr, grows, gcols, bias, qseg, kseg, kmask, qpos, kpos)
     tensors = [_or(x, q) for x in given]
-    # Four strides each, three for the bias (B, H, W), the segments and the key mask (B, H, L).
+    # Four strides each, three for the bias (B, H, W), the segments, the key mask and the
+    # positions (B, H, L).
     strides = [s for x in tensors[:9] for s in x.stride()]
     strides += [s for x in tensors[9:] for s in x.stride()[:3]]
     _, heads, lq, d = q.shape
@@ -685,7 +897,7 @@ def _inputs(
     meta = {
         "HAS_KR": kr is not None, "HAS_QR": qr is not None, "HAS_B": bias is not None,
         "HAS_SEG": qseg is not None, "HAS_MASK": kmask is not None,
-        "HAS_GRID": grows is not None,
+        "HAS_GRID": grows is not None, "HAS_POS": qpos is not None,
         "CAUSAL": config.causal, "ACC": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "BM": bm, "BN": bn, "WIN": triton.next_power_of_2(bm + bn - 1),
         "DP": max(16, triton.next_power_of_2(d)), "DVP": max(16, triton.next_power_of_2(dv)),
@@ -700,58 +912,153 @@ def _inputs(
     return [*tensors, *strides, *sizes], meta
 
 
-class _RelativeAttention(torch.autograd.Function):
-    """The kernels as one differentiable function of ``(q, k, v, qp, Kʳ, ks, Qʳ, b,
-    grid_rows, grid_cols)``, the tables expanded to ``(B, H, W, …)``, the grid terms to
-    ``(B, H, Lq, kh)`` and ``(B, H, Lq, kw)``; the segments and the key mask ``(B, H, L)``
-    (no gradient) follow."""
+#: The custom operators' inputs (each kernel's operands, then the static choices): tables
+#: expanded to ``(B, H, W, …)``, grid terms to ``(B, H, Lq, kh)`` and ``(B, H, Lq, kw)``;
+#: the segments, the key mask and the positions ``(B, H, L)`` have no gradient.
+_OPERANDS = (
+    "Tensor q, Tensor k, Tensor v, Tensor? qp, Tensor? kr, Tensor? ks, Tensor? qr, "
+    "Tensor? bias, Tensor? grows, Tensor? gcols, Tensor? qseg, Tensor? kseg, Tensor? kmask, "
+    "Tensor? qpos, Tensor? kpos, bool causal, int block_q, int block_k, bool interpret"
+)
+_DIFFERENTIABLE = 10  # q … gcols
 
-    @staticmethod
-    def forward(
-        ctx: Any, q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask,
-        config: _Config,
-    ) -> torch.Tensor:  # fmt: skip
-        batch, heads, lq, _ = q.shape
-        dv = v.shape[3]
-        tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask)
-        args, meta = _inputs(*tensors, config)
-        out = torch.empty((batch, heads, lq, dv), dtype=q.dtype, device=q.device)
-        lse = torch.empty((batch, heads, lq), dtype=_accumulator(q.dtype), device=q.device)
-        grid = (triton.cdiv(lq, config.block_q), batch * heads)
-        _kernels(config.interpret)._forward[grid](*args, out, lse, **meta)
-        ctx.save_for_backward(*tensors, out, lse)
-        ctx.config = config
-        return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        saved = ctx.saved_tensors
-        q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, out, lse = saved
-        config = ctx.config
-        batch, heads, lq, _ = q.shape
-        lk = k.shape[2]
-        tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask)
-        args, meta = _inputs(*tensors, config)
-        kernels = _kernels(config.interpret)
-        do = grad_out.to(q.dtype).contiguous()
-        acc = _accumulator(q.dtype)
-        delta = (do.to(acc) * out.to(acc)).sum(-1)  # D_i = rowsum(dO_i ⊙ O_i)
-        # Contiguous gradients (the kernels store them so), whatever the inputs' strides.
-        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-        dqp = None if qp is None else torch.empty_like(dq)
-        dks = None if ks is None else torch.empty_like(dk)
-        dgrows = None if grows is None else torch.empty(grows.shape, dtype=q.dtype, device=q.device)
-        dgcols = None if gcols is None else torch.empty(gcols.shape, dtype=q.dtype, device=q.device)
-        grid = (triton.cdiv(lq, config.block_q), batch * heads)
-        grads = (dq, _or(dqp, dq), _or(dgrows, dq), _or(dgcols, dq))
-        kernels._backward_rows[grid](*args, do, lse, delta, *grads, **meta)
-        grid = (triton.cdiv(lk, config.block_k), batch * heads)
-        kernels._backward_keys[grid](*args, do, lse, delta, dk, dv, _or(dks, dk), **meta)
-        dkr = dqr = dbias = None
-        if any(ctx.needs_input_grad[i] for i in (4, 6, 7)):  # Kʳ, Qʳ, b
-            tables = (kr, qr, bias)
-            dkr, dqr, dbias = _table_grads(q, k, tables, args, meta, do, lse, delta, config)
-        return dq, dk, dv, dqp, dkr, dks, dqr, dbias, dgrows, dgcols, None, None, None, None
+def _forward_launch(
+    q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos,
+    causal: bool, block_q: int, block_k: int, interpret: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The forward kernel: the output and each row's log-sum-exp."""
+    config = _Config(causal, block_q, block_k, interpret)
+    batch, heads, lq, _ = q.shape
+    tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos)
+    args, meta = _inputs(*tensors, config)
+    out = torch.empty((batch, heads, lq, v.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, lq), dtype=_accumulator(q.dtype), device=q.device)
+    grid = (triton.cdiv(lq, config.block_q), batch * heads)
+    _kernels(config.interpret)._forward[grid](*args, out, lse, **meta)
+    return out, lse
+
+
+def _forward_shapes(
+    q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos,
+    causal: bool, block_q: int, block_k: int, interpret: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """What :func:`_forward_launch` returns, as empty tensors (for tracing)."""
+    batch, heads, lq, _ = q.shape
+    out = q.new_empty((batch, heads, lq, v.shape[3]))
+    return out, q.new_empty((batch, heads, lq), dtype=_accumulator(q.dtype))
+
+
+def _backward_launch(
+    grad_out, out, lse, q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, qpos,
+    kpos, causal: bool, block_q: int, block_k: int, interpret: bool, tables: bool,
+) -> list[torch.Tensor]:  # fmt: skip
+    """The gradients of ``(q, k, v, qp, Kʳ, ks, Qʳ, b, grid_rows, grid_cols)``, an empty
+    tensor for an absent input (and for the tables where ``tables`` is False)."""
+    config = _Config(causal, block_q, block_k, interpret)
+    batch, heads, lq, _ = q.shape
+    lk = k.shape[2]
+    tensors = (q, k, v, qp, ks, kr, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos)
+    args, meta = _inputs(*tensors, config)
+    kernels = _kernels(config.interpret)
+    do = grad_out.to(q.dtype).contiguous()
+    acc = _accumulator(q.dtype)
+    delta = (do.to(acc) * out.to(acc)).sum(-1)  # D_i = rowsum(dO_i ⊙ O_i)
+    # Contiguous gradients (the kernels store them so), whatever the inputs' strides.
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    dqp = None if qp is None else torch.empty_like(dq)
+    dks = None if ks is None else torch.empty_like(dk)
+    dgrows = None if grows is None else torch.empty(grows.shape, dtype=q.dtype, device=q.device)
+    dgcols = None if gcols is None else torch.empty(gcols.shape, dtype=q.dtype, device=q.device)
+    given = (kr, qr, bias)
+    # At given positions the tile kernels add the tables' gradients into these buffers;
+    # else the tile-diagonal kernel fills them (_table_grads).
+    buffers = _table_buffers(q, k, given, config) if qpos is not None else [None] * 3
+    dkr_sums, dqr_sums, db_sums = (_or(x, delta) for x in buffers)
+    grid = (triton.cdiv(lq, config.block_q), batch * heads)
+    grads = (dq, _or(dqp, dq), _or(dgrows, dq), _or(dgcols, dq), dkr_sums, db_sums)
+    kernels._backward_rows[grid](*args, do, lse, delta, *grads, **meta)
+    grid = (triton.cdiv(lk, config.block_k), batch * heads)
+    dkv = (dk, dv, _or(dks, dk), dqr_sums)
+    kernels._backward_keys[grid](*args, do, lse, delta, *dkv, **meta)
+    dkr = dqr = dbias = None
+    if qpos is not None:
+        dkr, dqr, dbias = _full_width(given, buffers)
+    elif tables:
+        dkr, dqr, dbias = _table_grads(q, k, given, args, meta, do, lse, delta, config)
+    result = (dq, dk, dv, dqp, dkr, dks, dqr, dbias, dgrows, dgcols)
+    return [q.new_empty(0) if g is None else g for g in result]
+
+
+def _backward_shapes(
+    grad_out, out, lse, q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, qpos,
+    kpos, causal: bool, block_q: int, block_k: int, interpret: bool, tables: bool,
+) -> list[torch.Tensor]:  # fmt: skip
+    """What :func:`_backward_launch` returns, as empty tensors (for tracing)."""
+    inputs = (q, k, v, qp, kr, ks, qr, bias, grows, gcols)
+    no_grad = (kr, qr, bias) if not tables and qpos is None else ()
+    return [
+        q.new_empty(0) if x is None or any(x is t for t in no_grad) else x.new_empty(x.shape)
+        for x in inputs
+    ]
+
+
+def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ctx.save_for_backward(*inputs[:15], *output)
+    ctx.options = inputs[15:]
+
+
+def _differentiate(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple[Any, ...]:
+    *inputs, out, lse = ctx.saved_tensors
+    tables = any(ctx.needs_input_grad[i] for i in (4, 6, 7))  # Kʳ, Qʳ, b
+    grads = _BACKWARD(grad_out, out, lse, *inputs, *ctx.options, tables)
+    given = inputs[:_DIFFERENTIABLE]
+    grads = [
+        None if x is None or g.numel() != x.numel() else g
+        for x, g in zip(given, grads, strict=True)
+    ]
+    return (*grads, *[None] * (len(inputs) - _DIFFERENTIABLE + len(ctx.options)))
+
+
+# The kernels as PyTorch operators: opaque to torch.compile (which traces their shapes from
+# the *_shapes functions and calls them in its graph), differentiable by _differentiate.
+_FORWARD = torch.library.custom_op(
+    "relattn::triton_relative_attention", _forward_launch, mutates_args=(),
+    schema=f"({_OPERANDS}) -> (Tensor, Tensor)",
+)  # fmt: skip
+_FORWARD.register_fake(_forward_shapes)
+_BACKWARD = torch.library.custom_op(
+    "relattn::triton_relative_attention_backward", _backward_launch, mutates_args=(),
+    schema=f"(Tensor grad_out, Tensor out, Tensor lse, {_OPERANDS}, bool tables) -> Tensor[]",
+)  # fmt: skip
+_BACKWARD.register_fake(_backward_shapes)
+_FORWARD.register_autograd(_differentiate, setup_context=_save)
+
+
+def _table_buffers(q, k, tables, config: _Config) -> list[Any]:
+    """Zeroed accumulators ``(B, H, LIMIT, …)`` of the gradients of ``tables = (Kʳ, Qʳ,
+    b)`` (``None`` for an absent one), in the accumulation dtype."""
+    batch, heads, lq = q.shape[:3]
+    limit = _limit(lq, k.shape[2], config.causal)
+    return [
+        None if x is None else torch.zeros((batch, heads, limit, *x.shape[3:]),
+                                           dtype=_accumulator(q.dtype), device=q.device)
+        for x in tables
+    ]  # fmt: skip
+
+
+def _full_width(tables, buffers) -> list[Any]:
+    """The accumulated gradients ``buffers`` in the ``(B, H, W, …)`` shape and dtype of
+    their ``tables``: a full-layout table in a causal problem has no gradient in its rows
+    ``m >= Lk``."""
+    grads = []
+    for table, buffer in zip(tables, buffers, strict=True):
+        if table is not None and buffer is not None:
+            missing = table.shape[2] - buffer.shape[2]
+            pad = (0, 0, 0, missing) if table.ndim == 4 else (0, missing)
+            buffer = torch.nn.functional.pad(buffer, pad).to(table.dtype)
+        grads.append(buffer)
+    return grads
 
 
 def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> list[Any]:
@@ -759,13 +1066,7 @@ def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> l
     tile-diagonal kernel, each in the ``(B, H, W, …)`` shape and dtype of its table."""
     batch, heads, lq = q.shape[:3]
     lk = k.shape[2]
-    limit = _limit(lq, lk, config.causal)
-    acc = _accumulator(q.dtype)
-    buffers = [
-        None if x is None else torch.zeros((batch, heads, limit, *x.shape[3:]), dtype=acc,
-                                           device=q.device)
-        for x in tables
-    ]  # fmt: skip
+    buffers = _table_buffers(q, k, tables, config)
     tile = min(config.block_q, config.block_k)  # square tiles: one window per tile diagonal
     ni, nj = triton.cdiv(lq, tile), triton.cdiv(lk, tile)
     square = {**meta, "BM": tile, "BN": tile, "WIN": 2 * tile}
@@ -775,15 +1076,7 @@ def _table_grads(q, k, tables, args, meta, do, lse, delta, config: _Config) -> l
     for parity in (0, 1):
         grid = ((diagonals - parity + 1) // 2, batch * heads)
         kernels._backward_tables[grid](*args, do, lse, delta, *outputs, ni, nj, parity, **square)
-    grads = []
-    for table, buffer in zip(tables, buffers, strict=True):
-        if table is not None and buffer is not None:
-            # A full-layout table in a causal problem: its rows m >= Lk have no gradient.
-            missing = table.shape[2] - limit
-            pad = (0, 0, 0, missing) if table.ndim == 4 else (0, missing)
-            buffer = torch.nn.functional.pad(buffer, pad).to(table.dtype)
-        grads.append(buffer)
-    return grads
+    return _full_width(tables, buffers)
 
 
 # -------------------------------------------------------------------------------------------
@@ -844,7 +1137,8 @@ def _per_key(name: str, x: Any, lead: tuple[int, int], length: int, axis: str) -
         raise TypeError(f"key_mask must be torch.bool (True: the key is seen), got {x.dtype}")
     if name != "key_mask" and (x.dtype.is_floating_point or x.dtype.is_complex
                                or x.dtype == torch.bool):  # fmt: skip
-        raise TypeError(f"{name} must have an integer dtype (document ids), got {x.dtype}")
+        what = "positions" if name.endswith("positions") else "document ids"
+        raise TypeError(f"{name} must have an integer dtype ({what}), got {x.dtype}")
     return x.expand(*lead, length)
 
 
@@ -898,6 +1192,8 @@ def relative_attention_kernel(
     grid_rows: torch.Tensor | None = None,
     grid_cols: torch.Tensor | None = None,
     grid_width: int | None = None,
+    query_positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
     causal: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -905,7 +1201,8 @@ def relative_attention_kernel(
 ) -> torch.Tensor:
     """Softmax attention with relative-position terms, in one fused Triton kernel.
 
-    The score of query ``i`` and key ``j``, with table row ``m = j - i + Lq - 1``, is ::
+    The score of query ``i`` and key ``j``, with table row ``m = j - i + Lq - 1`` (at given
+    positions ``m = δ + Lk - 1`` clipped to the table's rows), is ::
 
         s_ij = q_i·k_j + qp_i·Kʳ[m] + ks_j·Qʳ[m] + b[m] + R[i, j // kw] + C[i, j % kw]
 
@@ -953,8 +1250,14 @@ def relative_attention_kernel(
     grid_width : int, optional
         ``kw``, the key grid's width (a divisor of ``Lk``; ``kh = Lk / kw``; both at most
         256); given iff the grid terms are.
+    query_positions, key_positions : Tensor of shape (..., Lq) and (..., Lk), optional
+        Integer positions of the queries and keys (both or neither; by default query ``i``
+        at ``i + Lk - Lq``, key ``j`` at ``j``): the distance is ``δ = key_positions[j] -
+        query_positions[i]`` and the table row ``m = δ + Lk - 1``, clipped to the rows
+        ``[0, W)`` (SPEC §2.15: a cache's offset, packed documents restarting at 0, any
+        order). Leading dims and strides as the segments'.
     causal : bool
-        Mask the keys with ``δ = j - i - (Lk - Lq) > 0``.
+        Mask the keys with ``δ = j - i - (Lk - Lq) > 0`` (at given positions, ``δ > 0``).
     block_q, block_k : int, optional
         Tile sizes (query rows, key rows), powers of two >= 16. By default the largest
         of 16 … 64 whose tile of padded features takes at most 8 KiB: 64 for float16 and
@@ -978,7 +1281,8 @@ def relative_attention_kernel(
     ------
     TypeError
         If an input is not a tensor, the dtypes differ, the dtype is not float16,
-        bfloat16, float32 or float64, the segments are not integers, the key mask is not
+        bfloat16, float32 or float64, the segments or positions are not integers, the key
+        mask is not
         torch.bool, ``grid_width`` is not an int, or ``causal`` is not a bool.
     ValueError
         If the shapes do not match, a table comes without its queries or keys (or the
@@ -988,6 +1292,7 @@ def relative_attention_kernel(
         ``(..., Lq, kw)``, a segment or mask length is not
         ``Lq``/``Lk``, ``W`` fits neither layout (or is ``Lk`` without ``causal``), ``Lq`` or
         ``Lk`` is 0, ``d`` or ``dv`` exceeds 256, a tile size is not a power of two >= 16,
+        only one of the positions is given or their lengths are not ``Lq``/``Lk``,
         the tensors are on different devices, or ``interpret=False`` for CPU tensors.
 
     Notes
@@ -1006,6 +1311,14 @@ def relative_attention_kernel(
     SAM's and ViTDet's decomposed form: read per cell, never an ``(Lq, Lk)`` array;
     their gradients are ``dS`` summed over the keys of each grid row (column), as
     ``dS @ one_hot(j // kw)`` per key tile in the query tile's program (deterministic).
+    At given positions a tile pair's table rows are data: it takes the windows of
+    ``BM + BN - 1`` rows (padded to a power of two) from the smallest to the largest row its
+    visible cells read, one product and one gather per window, so its cost grows with the
+    spread of its distances (one or two windows for contiguous positions and for packed
+    documents' own pairs). The backward moves ``dS`` to window rows by one-hot sums (several
+    keys of a row may share a row) and adds the tables' gradients atomically, so their
+    float32 sums are not bitwise reproducible on a GPU; causal tile skipping is by index
+    and is off.
     The interpreter has no bfloat16 ``tl.dot`` (triton-lang/triton#11584): it computes
     bfloat16 inputs in float32 and rounds the output.
     """
@@ -1056,6 +1369,14 @@ def relative_attention_kernel(
     qseg = _per_key("query_segments", query_segments, lead, lq, "Lq")
     kseg = _per_key("key_segments", key_segments, lead, lk, "Lk")
     kmask = _per_key("key_mask", key_mask, lead, lk, "Lk")
+    if (query_positions is None) != (key_positions is None):
+        alone, missing = (
+            ("query_positions", "key_positions") if key_positions is None
+            else ("key_positions", "query_positions")
+        )  # fmt: skip
+        raise ValueError(f"{alone} is given without {missing}: give both or neither")
+    qpos = _per_key("query_positions", query_positions, lead, lq, "Lq")
+    kpos = _per_key("key_positions", key_positions, lead, lk, "Lk")
     kr = _table("key_table", key_table, lead, lq, lk, d, causal)
     qr = _table("query_table", query_table, lead, lq, lk, d, causal)
     bias = _table("relative_bias", relative_bias, lead, lq, lk, None, causal)
@@ -1066,7 +1387,8 @@ def relative_attention_kernel(
     for name, x in given.items():
         if x is not None and x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
-    given.update(query_segments=qseg, key_segments=kseg, key_mask=kmask)
+    given.update(query_segments=qseg, key_segments=kseg, key_mask=kmask, query_positions=qpos,
+                 key_positions=kpos)  # fmt: skip
     for name, x in given.items():
         if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
@@ -1077,7 +1399,8 @@ def relative_attention_kernel(
     # gradients spill registers at 64 (ptxas, sm_90, float16 d = 64, a 64 × 64 grid).
     sides = (1, 1) if grows is None or gcols is None else (grows.shape[3], gcols.shape[3])
     features = max(16, triton.next_power_of_2(max(d, dv, *sides)))
-    largest = 64 if grows is None else 32
+    # At given positions the backward's one-hot sums hold (tile, tile, window) temporaries.
+    largest = 64 if grows is None and qpos is None else 32
     default = max(16, min(largest, 8192 // (features * q.element_size())))
     block_q = default if block_q is None else block_q
     block_k = default if block_k is None else block_k
@@ -1099,12 +1422,12 @@ def relative_attention_kernel(
             query_table=up(query_table), relative_bias=up(relative_bias),
             query_segments=query_segments, key_segments=key_segments, key_mask=key_mask,
             grid_rows=up(grid_rows), grid_cols=up(grid_cols), grid_width=grid_width,
-            causal=causal, block_q=block_q, block_k=block_k, interpret=True,
+            query_positions=query_positions, key_positions=key_positions, causal=causal,
+            block_q=block_q, block_k=block_k, interpret=True,
         )  # fmt: skip
         return out.to(torch.bfloat16)
-    config = _Config(causal, block_q, block_k, interpret)
-    out = _RelativeAttention.apply(
-        q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, config
-    )
-    assert isinstance(out, torch.Tensor)
+    out, _ = _FORWARD(
+        q, k, v, qp, kr, ks, qr, bias, grows, gcols, qseg, kseg, kmask, qpos, kpos, causal,
+        block_q, block_k, interpret,
+    )  # fmt: skip
     return out
