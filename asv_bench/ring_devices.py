@@ -9,8 +9,11 @@ forkserver imported JAX long before, with one CPU device. This script sets
 - ``ring``: ``relattn.ring_attention`` in ``jax.shard_map`` over a mesh of the 8
   devices, ``q``, ``k``, ``v`` sharded along the sequence (``L/8`` rows per
   device), the whole causal-layout table and ``u``, ``v`` replicated;
+- ``zigzag``: the same ring with ``sharding="zigzag"`` (``q``, ``k``, ``v`` laid out by
+  ``zigzag_shard``: device ``r`` holds chunks ``r`` and ``15 - r`` of 16), whose causal
+  work is the same on every device (9 of 32 chunk pairs each);
 - ``single``: ``relattn.relative_attention`` on device 0 with
-  ``block_size = L/8`` (the ring's block pairs, on one device);
+  ``block_size = L/8`` (the contiguous ring's block pairs, on one device);
 
 both causal Transformer-XL, ``B = 1``, ``H = 8``, ``d = 64``, float32
 (``long_sequences.inputs``), compiled ahead (``jit(...).lower(...).compile()``),
@@ -38,6 +41,7 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
 os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -89,42 +93,61 @@ def median_times(calls: dict[str, Any], repeats: int) -> dict[str, float]:
 
 def measure(length: int, repeats: int) -> dict[str, Any]:
     devices = jax.devices()[:DEVICES]
-    if len(devices) < DEVICES or length % DEVICES:
-        raise SystemExit(f"need {DEVICES} devices and L divisible by {DEVICES}")
+    if len(devices) < DEVICES or length % (2 * DEVICES):
+        raise SystemExit(f"need {DEVICES} devices and L divisible by {2 * DEVICES}")
     host = inputs(length)
     mesh = Mesh(np.array(devices), ("seq",))
     seq, whole = P(None, None, "seq", None), P()
     specs = (seq, seq, seq, whole, whole, whole)
-    sharded = [
-        jax.device_put(host[n], NamedSharding(mesh, spec))
-        for n, spec in zip(NAMES, specs, strict=True)
-    ]
     on_one = [jax.device_put(host[n], devices[0]) for n in NAMES]
+    # The zig-zag ring where this relattn has it (asv also runs older commits).
+    shardings = ("contiguous", "zigzag") if hasattr(relattn, "zigzag_shard") else ("contiguous",)
 
-    def local(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
-        return relattn.ring_attention(
-            q, k, v, table, axis_name="seq", content_bias=u, position_bias=w
-        )
+    def laid_out(sharding: str) -> list[Any]:
+        def layout(name: str) -> Any:
+            if sharding == "zigzag" and name in ("q", "k", "v"):
+                return relattn.zigzag_shard(host[name], DEVICES, axis=-2)
+            return host[name]
+
+        return [jax.device_put(layout(n), NamedSharding(mesh, spec))
+                for n, spec in zip(NAMES, specs, strict=True)]  # fmt: skip
+
+    def ring_program(sharding: str) -> Any:
+        def local(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
+            layout = {} if sharding == "contiguous" else {"sharding": sharding}
+            return relattn.ring_attention(
+                q, k, v, table, axis_name="seq", content_bias=u, position_bias=w, **layout
+            )
+
+        return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=seq))
 
     def single(q: Any, k: Any, v: Any, table: Any, u: Any, w: Any) -> Any:
         return relattn.relative_attention(
             q, k, v, table, content_bias=u, position_bias=w, block_size=length // DEVICES
         )
 
-    ring_fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=seq))
-    start = time.perf_counter()
-    ring = ring_fn.lower(*sharded).compile()
-    ring_compile = time.perf_counter() - start
+    calls, compile_seconds = {}, {}
     start = time.perf_counter()
     one = jax.jit(single).lower(*on_one).compile()
-    single_compile = time.perf_counter() - start
-    ring_out, one_out = ring(*sharded), one(*on_one)
-    max_diff = float(np.max(np.abs(np.asarray(ring_out) - np.asarray(one_out))))
+    compile_seconds["single"] = time.perf_counter() - start
+    expected = np.asarray(one(*on_one))
+    calls["single"] = lambda: one(*on_one)
+    rings = {}
+    max_diff = 0.0
+    for sharding in shardings:
+        arrays = laid_out(sharding)
+        start = time.perf_counter()
+        rings[sharding] = program = ring_program(sharding).lower(*arrays).compile()
+        compile_seconds[sharding] = time.perf_counter() - start
+        out = np.asarray(program(*arrays))
+        if sharding == "zigzag":
+            out = relattn.zigzag_unshard(out, DEVICES, axis=-2)
+        max_diff = max(max_diff, float(np.max(np.abs(out - expected))))
+        calls[sharding] = functools.partial(program, *arrays)
     if not max_diff <= 1e-4:
         raise SystemExit(f"L={length}: ring and single-device outputs differ by {max_diff}")
-    seconds = median_times(
-        {"ring": lambda: ring(*sharded), "single": lambda: one(*on_one)}, repeats
-    )
+    seconds = median_times(calls, repeats)
+    ring = rings["contiguous"]
     stats = [peak_stats(d) for d in devices]
     if all(s is not None for s in stats):
         source = "memory_stats"  # process-wide peaks: the largest program so far shows through
@@ -135,20 +158,24 @@ def measure(length: int, repeats: int) -> dict[str, Any]:
         ring_analysis, single_analysis = program_bytes(ring), program_bytes(one)
         ring_bytes = None if ring_analysis is None else ring_analysis["total"]
         single_bytes = None if single_analysis is None else single_analysis["total"]
-    return {
+    row = {
         "length": length,
         "devices": DEVICES,
-        "ring_seconds": seconds["ring"],
+        "ring_seconds": seconds["contiguous"],
         "single_seconds": seconds["single"],
-        "ring_over_single": seconds["ring"] / seconds["single"],
+        "ring_over_single": seconds["contiguous"] / seconds["single"],
         "ring_bytes_per_device": ring_bytes,
         "single_device_bytes": single_bytes,
         "memory_source": source,
         "ring_memory_analysis": ring_analysis,
         "single_memory_analysis": single_analysis,
-        "compile_seconds": {"ring": ring_compile, "single": single_compile},
+        "compile_seconds": compile_seconds,
         "max_abs_diff": max_diff,
     }
+    if "zigzag" in seconds:
+        row["zigzag_seconds"] = seconds["zigzag"]
+        row["zigzag_over_single"] = seconds["zigzag"] / seconds["single"]
+    return row
 
 
 def main() -> int:
@@ -162,6 +189,7 @@ def main() -> int:
         print(
             f"L={length}: ring {row['ring_seconds'] * 1e3:.1f} ms, single "
             f"{row['single_seconds'] * 1e3:.1f} ms, ring/single {row['ring_over_single']:.2f}, "
+            f"zigzag/single {row.get('zigzag_over_single', float('nan')):.2f}, "
             f"per device {row['ring_bytes_per_device']} B ({row['memory_source']})",
             file=sys.stderr,
             flush=True,

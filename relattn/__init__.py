@@ -58,7 +58,7 @@ from .masks import (
 from .memory import stop_gradient, update_memory
 from .plan import explain
 from .positions import relative_distances, relative_positions, relative_table
-from .ring import ring_attention
+from .ring import ring_attention, zigzag_shard, zigzag_unshard
 from .rope_scaling import rope_frequencies
 from .rotary import rotary_position_embedding
 from .rotary_axes import (
@@ -79,6 +79,7 @@ from .scores import (
 )
 from .shaw import shaw_attention
 from .shift import rel_shift, rel_unshift
+from .ulysses import ulysses_attention
 from .xpos import xpos_embedding
 
 __version__ = "0.2.0"
@@ -154,8 +155,11 @@ __all__ = [
     "source2token_attention",
     "split_heads",
     "stop_gradient",
+    "ulysses_attention",
     "update_memory",
     "window_merge",
     "window_partition",
     "xpos_embedding",
+    "zigzag_shard",
+    "zigzag_unshard",
 ]

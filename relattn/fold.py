@@ -5,14 +5,18 @@ Dao et al. 2022): a running row maximum, a running sum of ``exp(score - max)``
 and a rescaled accumulator (:class:`BlockState`), so that memory is
 ``O(Lq·d + bq·bk)`` per head instead of ``O(Lq·Lk)``. :func:`fold_keys` is the
 fold itself: the state start, the causal skip, the block step and the finish.
-Three drivers run it, differing only in the primitives a backend supplies
+Four drivers run it, differing only in the primitives a backend supplies
 (:class:`relattn.backends.Backend`: ``fori_loop``, ``cond``, ``map``,
-``dynamic_slice``, ``checkpoint``, ``align``):
+``dynamic_slice``, ``checkpoint``, ``align``, ``chunk_pairs``):
 
 - :func:`blockwise` with Python loops over static blocks (every eager library);
 - :func:`blockwise` with the library's own traced loops (JAX: ``lax.map`` over
   query blocks, ``lax.fori_loop`` over key blocks, ``lax.cond`` for the causal
   skip), so that a jit compiles one block step;
+- :func:`blockwise` over the chunks of a chunked library (Dask,
+  ``Backend.chunk_pairs``): each (query chunk, key chunk) pair is one task that
+  runs the Python loops on the chunks' own arrays, and the pairs' states are
+  merged per query chunk, so that the graph grows with the chunk pairs;
 - the ring of :func:`relattn.ring_attention`, whose key blocks arrive from the
   next device instead of from a slice.
 """
@@ -20,6 +24,7 @@ Three drivers run it, differing only in the primitives a backend supplies
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -28,9 +33,9 @@ import array_api_extra as xpx
 
 from ._checks import index_dtype, itemsize
 from ._memo import constant
-from ._namespace import device_of
+from ._namespace import device_of, namespace
 from .backends import backend_for
-from .problem import Problem
+from .problem import ARRAYS, Problem
 from .shift import unshift
 from .terms import (
     Block,
@@ -602,14 +607,23 @@ def blockwise(
     """The problem's attention, a query block and a key block at a time.
 
     The backend's traced loops run it where it has them (``Backend.fori_loop``:
-    JAX, so that a jit compiles one block step); otherwise Python loops over
+    JAX, so that a jit compiles one block step); a chunked library's chunk pairs
+    where it offers them (``Backend.chunk_pairs``: Dask, one task per pair of
+    chunks, the Python loops inside; not for the caller's ``score_mod`` and
+    ``mask_mod``, which take the library's arrays); otherwise Python loops over
     static blocks, each block step compiled where ``compile_step`` is given
-    (:func:`fold_keys`). Each query block is recomputed in the backward pass
-    (``Backend.checkpoint``) instead of keeping its key blocks' probabilities:
-    memory ``O(Lq·d + block_size·Lk)`` for gradients too.
+    (:func:`fold_keys`).
+    Each query block is recomputed in the backward pass (``Backend.checkpoint``)
+    instead of keeping its key blocks' probabilities: memory ``O(Lq·d +
+    block_size·Lk)`` for gradients too.
     """
-    if backend_for(p.xp).fori_loop is not None:
+    backend = backend_for(p.xp)
+    if backend.fori_loop is not None:
         return _traced_blocks(p, block_size)
+    if backend.chunk_pairs is not None and p.score_mod is None and p.mask_mod is None:
+        # The caller's score_mod and mask_mod take the library's arrays (Dask's, which
+        # they may close over), not a task's chunks: those run the eager loops.
+        return _chunk_pair_blocks(p, block_size)
     return _static_blocks(p, block_size, recompute=True, compile_step=compile_step)
 
 
@@ -679,6 +693,106 @@ def _static_blocks(
         # block boundaries (chunks of 100 in blocks of 256 came out 100, 100, 56, 44, …).
         out = backend.rechunk_like(out, p.q)
     return out
+
+
+#: The trailing axes of each array of a :class:`Problem` for ``Backend.chunk_pairs``:
+#: ``"q"`` the query axis, ``"k"`` the key axis, ``"-"`` whole (tables, features).
+_CHUNK_AXES = {
+    "q": "q-", "k": "k-", "v": "k-", "key_table": "--", "query_table": "--",
+    "value_table": "--", "relative_bias": "-", "qp": "q-", "ks": "k-", "bias": "qk",
+    "mask": "qk", "query_positions": "q", "key_positions": "k", "query_segments": "q",
+    "key_segments": "k", "grid_rows": "q-", "grid_cols": "q-",
+}  # fmt: skip
+
+
+def _chunk_pair_blocks(p: Problem, block_size: tuple[int, int]) -> Any:
+    """The chunked driver (``Backend.chunk_pairs``): each (query chunk, key chunk) pair is
+    one task that folds the pair's blocks on the chunks' own arrays (:func:`_pair_state`,
+    the eager loops with the pair's global offsets), the states of a query chunk's key
+    chunks are merged and finished into its output chunk. Under a causal mask the pairs
+    wholly after the diagonal have no task."""
+    backend = backend_for(p.xp)
+    assert backend.chunk_pairs is not None
+    arrays = p.arrays()
+    # The scale is in q, qp and ks already: a 0-d array there stays out of the tasks.
+    blank = dataclasses.replace(p.with_arrays((None,) * len(arrays)), scale=1.0)
+    contiguous_causal = p.causal and not p.has_positions
+    out = backend.chunk_pairs(
+        functools.partial(_pair_state, blank, block_size),
+        _merge_states,
+        functools.partial(_finish_state, p.dtype),
+        arrays,
+        tuple(_CHUNK_AXES[name] for name in ARRAYS),
+        p.lead,
+        functools.partial(_pair_kept, p.lk - p.lq if contiguous_causal else None),
+        p.v.shape[-1],
+        p.dtype,
+    )
+    if tuple(out.shape[:-1]) != tuple(p.q.shape[:-1]):
+        return out  # q broadcasts: the leading chunks are those of the arrays that span them
+    return backend.rechunk_like(out, p.q)  # the features in q's chunks, as the dense path's
+
+
+def _pair_kept(offset: int | None, rows: tuple[int, int], cols: tuple[int, int]) -> bool:
+    """A chunk pair has keys that some query may see: all, but under a contiguous causal
+    mask (``offset = Lk - Lq``) the pairs whose first key is after the last query's."""
+    return offset is None or cols[0] <= rows[1] - 1 + offset
+
+
+def _pair_state(
+    blank: Problem,
+    block_size: tuple[int, int],
+    lead_start: tuple[int, ...],
+    lead_shape: tuple[int, ...],
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    *blocks: Any,
+) -> BlockState:
+    """The state of the query chunk ``rows = (i0, i1)`` over the key chunk ``cols = (j0,
+    j1)``: the eager fold on the chunks' arrays ``blocks`` (in :data:`ARRAYS` order, of
+    a leading chunk of shape ``lead_shape``), a query block and a key block at a time, at
+    their global offsets (the tables are whole). ``lead_start``, where the leading chunk
+    lies, changes nothing here: each term is the same for every batch row and head."""
+    xp = namespace(q=blocks[0])
+    p = dataclasses.replace(
+        blank.with_arrays(blocks), xp=xp, dtype=blocks[0].dtype, lead=lead_shape
+    )
+    (i0, i1), (j0, j1) = rows, cols
+    query_block, key_block = block_size
+    offset = p.lk - p.lq
+    contiguous_causal = p.causal and not p.has_positions
+    states = []
+    for s in range(0, i1 - i0, query_block):
+        e = min(s + query_block, i1 - i0)
+        # Under a causal mask key j is visible to some query of the block only if
+        # j <= i0 + e - 1 + offset.
+        last = min(j1, i0 + e + offset) if contiguous_causal else j1
+        keys = max(last - j0, 0)
+        block = query_rows(p, s, e)
+
+        def key_block_at(
+            step: int, source: None, block: Problem = block, keys: int = keys
+        ) -> tuple[KeyBlock, None]:
+            t = step * key_block
+            size = min(key_block, keys - t)
+            return key_slice(block, block, j0 + t, t, size, static_slice), source
+
+        steps = -(-keys // key_block)
+        states.append(fold_keys(p, block, i0 + s, steps, key_block_at, None))
+    if len(states) == 1:
+        return states[0]
+    return BlockState(*(xp.concat(parts, axis=-2) for parts in zip(*states, strict=True)))
+
+
+def _merge_states(states: list[BlockState]) -> BlockState:
+    """One state of a query chunk from those of disjoint key chunks."""
+    xp = namespace(q=states[0].accumulator)
+    return functools.reduce(lambda a, b: block_merge(a, b, xp), states)
+
+
+def _finish_state(dtype: Any, state: BlockState) -> Any:
+    """A query chunk's output from its merged state."""
+    return block_finish(state, dtype, namespace(q=state.accumulator))
 
 
 def _pad(x: Any, axis: int, size: int, xp: Any, value: Any = 0) -> Any:

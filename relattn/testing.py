@@ -16,6 +16,9 @@ and for a user's tests of their own models built on relattn (as
   differences of the loss.
 - :func:`skip_unless_capable`: a test's skip, read from the declarations of
   :mod:`relattn.capabilities`.
+- :func:`gloo_world`: a script run once per rank of a ``torch.distributed`` gloo
+  group of processes on this machine (the torch ring's and DTensor's tests);
+  :func:`single_process_group`: a gloo group of this process alone.
 
 Importing this module imports NumPy, array-api-compat and relattn only; each
 array library is imported when a target first needs it.
@@ -39,6 +42,9 @@ import contextlib
 import functools
 import importlib
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -58,7 +64,9 @@ __all__ = [
     "assert_close",
     "assert_directional_derivatives",
     "available_targets",
+    "gloo_world",
     "selected_targets",
+    "single_process_group",
     "skip_unless_capable",
     "target",
     "to_host",
@@ -1024,3 +1032,106 @@ def skip_unless_capable(target: Target, name: str, capability: str) -> None:
         import pytest
 
         pytest.skip(f"{name} on {target.name}: {reason}")
+
+
+def gloo_world(
+    command: list[str], world: int, *, env: Mapping[str, str] | None = None, timeout: float = 300
+) -> list[str]:
+    """Run ``python command…`` once per rank of a ``world``-process gloo group on this machine.
+
+    Each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
+    (127.0.0.1) and ``MASTER_PORT`` (a free port) for ``torch.distributed``'s
+    ``env://`` initialisation, one thread (``OMP_NUM_THREADS=1``) and ``env`` on
+    top; the processes run at once.
+
+    Parameters
+    ----------
+    command : list of str
+        The arguments after ``python`` (a script and its arguments).
+    world : int
+        The number of processes.
+    env : mapping, optional
+        More environment variables.
+    timeout : float, optional
+        Seconds the whole group may take; then every process is killed.
+
+    Returns
+    -------
+    list of str
+        Each rank's standard output, in rank order.
+
+    Raises
+    ------
+    RuntimeError
+        If a process exits with an error or the group runs past ``timeout``: the
+        message holds the ranks' standard error.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [sys.executable, *command],
+            env={**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outputs: list[tuple[str, str]] = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        errors = [p.communicate()[1][-2000:] for p in processes[len(outputs) :]]
+        raise RuntimeError(
+            f"a gloo group of {world} ran past {timeout} s; their stderr:\n" + "\n".join(errors)
+        ) from None
+    failed = [
+        f"rank {rank} (exit {p.returncode}):\n{err[-4000:]}"
+        for rank, (p, (_, err)) in enumerate(zip(processes, outputs, strict=True))
+        if p.returncode
+    ]
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return [out for out, _ in outputs]
+
+
+@contextlib.contextmanager
+def single_process_group() -> Iterator[None]:
+    """A ``torch.distributed`` gloo group of this process alone, as the default group.
+
+    For code that runs over a process group (``ring_attention(..., group=)``) in a
+    test of one process. Where a default group exists already it is used and left
+    alone; otherwise one is made (through a file store in a temporary directory: no
+    port) and destroyed on exit.
+
+    Examples
+    --------
+    >>> import torch, torch.distributed as dist
+    >>> from relattn.testing import single_process_group
+    >>> with single_process_group():
+    ...     dist.get_world_size()
+    1
+    >>> dist.is_initialized()
+    False
+    """
+    import tempfile
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

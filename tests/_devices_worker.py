@@ -10,7 +10,8 @@ case is caught on its own, so that one failure is reported by name and does not
 hide the others.
 
 Groups: ``ring`` (sequence parallelism: ring attention against one device, its
-gradients, its HLO, bad meshes and axis names, NumPy operands) and ``sharded``
+gradients, its HLO, bad meshes and axis names, NumPy operands), ``zigzag`` (the
+load-balanced ring, ``sharding="zigzag"``, every scheme and packed documents) and ``sharded``
 (batch and head sharding through ``jax.jit``, ``shard_map`` and ``vmap``).
 """
 
@@ -35,6 +36,7 @@ if __name__ == "__main__":
     os.environ["JAX_ENABLE_X64"] = "1"
     os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
@@ -44,6 +46,7 @@ from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _workers import collectives, error_of, max_diff  # noqa: E402
 
 import relattn  # noqa: E402
 
@@ -62,36 +65,11 @@ RAGGED = 13  # divisible by none of 2, 4, 8
 #: Rings of 2 (the smallest) and 8 devices (SPEC §5); a ring of 4 runs on the (2, 4) mesh of
 #: ``_mesh_2d`` (forward and gradients) and in ``_ring_errors``.
 DEVICE_COUNTS = (2, 8)
-#: HLO instructions that move data between devices.
-COLLECTIVES = (
-    "all-gather",
-    "all-to-all",
-    "collective-permute",
-    "all-reduce",
-    "reduce-scatter",
-    "collective-broadcast",
-)
-
-
-def collectives(hlo: str) -> dict[str, int]:
-    """How many instructions of each collective the HLO text has (sync or async start)."""
-    return {name: len(re.findall(rf"\s{name}(?:-start)?\(", hlo)) for name in COLLECTIVES}
 
 
 def permute_pairs(hlo: str) -> list[str]:
     """The ``source_target_pairs`` of each collective-permute of the HLO text."""
     return re.findall(r"collective-permute(?:-start)?\(.*?source_target_pairs=(\{[^ ]*\}),", hlo)
-
-
-def max_diff(a: Any, b: Any) -> float:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
-
-
-def error_of(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -110,23 +88,29 @@ def ring(
     batch_axis: str | None = None,
     vmap: bool = False,
     closed: dict[str, Any] | None = None,
+    sharding: str = "contiguous",
     **options: Any,
 ) -> Any:
     """``relattn.ring_attention`` in ``jax.shard_map``: q, k, v sharded over ``"seq"``.
 
-    Every other array is replicated (the whole tables, biases and mask).
+    ``positions`` and ``segment_ids`` (the whole sequence's) are sharded likewise, along
+    their last axis; every other array is replicated (the whole tables, biases and mask).
+    ``sharding="zigzag"``: the sharded arrays and the output are in the zig-zag layout
+    (``_laid_out`` puts them there, on the host, as a caller would).
     ``batch_axis`` also shards axis 0 of q, k, v (a 2-D mesh); ``vmap`` maps the
     ring over that batch axis instead of passing it as a leading dimension.
     ``closed`` arrays are not arguments of the mapped function but constants
     that it closes over (NumPy arrays stay NumPy arrays until relattn sees them).
     """
-    options = {**options, **(closed or {})}
+    options = {**options, **(closed or {}), "sharding": sharding}
     names = sorted(arrays)
 
     def spec(name: str) -> P:
         batched = arrays[name].ndim == arrays["q"].ndim and arrays[name].shape[0] > 1
         if name == "mask" and batch_axis is not None and batched:
             return P(batch_axis)  # a key-padding mask (B, 1, 1, Lk) goes with its batch
+        if name in PER_TOKEN:
+            return P(*([None] * (arrays[name].ndim - 1)), "seq")
         if name not in ("q", "k", "v"):
             return P()
         s = list(_seq_spec(arrays[name].ndim))
@@ -145,9 +129,24 @@ def ring(
         return relattn.ring_attention(q, k, v, axis_name="seq", **kw, **options)
 
     mapped = jax.shard_map(
-        local, mesh=mesh, in_specs=tuple(spec(n) for n in names), out_specs=spec("q")
+        local, mesh=mesh, in_specs=tuple(spec(name) for name in names), out_specs=spec("q")
     )
-    return mapped(*(arrays[n] for n in names))
+    return mapped(*(arrays[name] for name in names))
+
+
+#: The per-token integer inputs, sharded along the sequence like q and k.
+PER_TOKEN = ("positions", "segment_ids")
+
+
+def _laid_out(case: Case, n: int) -> Case:
+    """``case`` with its sharded inputs (q, k, v and the per-token ones) in the zig-zag
+    layout of ``n`` devices (``zigzag_shard``, on the host)."""
+    arrays = {
+        name: relattn.zigzag_shard(a, n, axis=-1 if name in PER_TOKEN else -2)
+        if name in ("q", "k", "v", *PER_TOKEN) else a
+        for name, a in case.arrays.items()
+    }  # fmt: skip
+    return dataclasses.replace(case, arrays=arrays)
 
 
 # -------------------------------------------------------------------------------------------
@@ -169,11 +168,11 @@ class Case:
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        return {n: a for n, a in self.arrays.items() if a.dtype != np.bool_}
+        return {n: a for n, a in self.arrays.items() if a.dtype.kind == "f"}
 
     @property
     def constants(self) -> dict[str, np.ndarray]:
-        return {n: a for n, a in self.arrays.items() if a.dtype == np.bool_}
+        return {n: a for n, a in self.arrays.items() if a.dtype.kind != "f"}
 
 
 @dataclass(frozen=True)
@@ -270,18 +269,20 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
     # Plain attention: full with a key-padding mask (B, 1, 1, Lk), causal by the flag.
     padding = relattn.padding_mask(np.array([L, 11]), L)[:, None, None, :]
     cases["sdpa[key_padding]"] = Case(
-        {**qkv, "mask": padding}, sdpa(), lambda a, mesh: ring(mesh, a)
+        {**qkv, "mask": padding}, sdpa(), lambda a, mesh, **z: ring(mesh, a, **z)
     )
     cases["sdpa[causal]"] = Case(
-        dict(qkv), sdpa(causal=True), lambda a, mesh: ring(mesh, a, causal=True)
+        dict(qkv), sdpa(causal=True), lambda a, mesh, **z: ring(mesh, a, **z, causal=True)
     )
     # ALiBi: m_h·δ over the causal layout (which implies causal).
     alibi = slopes[:, None] * relattn.relative_distances(L, L, causal=True)
-    cases["alibi"] = Case({**qkv, "relative_bias": alibi}, sdpa(), lambda a, mesh: ring(mesh, a))
+    cases["alibi"] = Case(
+        {**qkv, "relative_bias": alibi}, sdpa(), lambda a, mesh, **z: ring(mesh, a, **z)
+    )
 
     # Transformer-XL: a per-head table in the causal layout (implies causal), u and v.
     txl = {**qkv, "position_table": f(H, causal, D), "content_bias": u, "position_bias": pv}
-    cases["transformer_xl[causal]"] = Case(txl, relative(), lambda a, mesh: ring(mesh, a))
+    cases["transformer_xl[causal]"] = Case(txl, relative(), lambda a, mesh, **z: ring(mesh, a, **z))
     # XLNet / Conformer full layout, with T5's bucketed bias (H, W), Shaw's value table and
     # a (Lq, Lk) mask with a fully masked row (3) and a row with a single key (5).
     buckets = relattn.relative_position_bucket(
@@ -301,7 +302,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "mask": rows,
     }
     cases["xlnet[full,t5,value_table,masked_rows]"] = Case(
-        xlnet, relative(), lambda a, mesh: ring(mesh, a)
+        xlnet, relative(), lambda a, mesh, **z: ring(mesh, a, **z)
     )
     # Transformer-XL with memory: Lk = L + M keys, k/v shards of Lk / n, query i at key i + M.
     lk = L + MEMORY
@@ -313,7 +314,9 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "content_bias": u,
         "position_bias": pv,
     }
-    cases["transformer_xl[memory]"] = Case(memory, relative(), lambda a, mesh: ring(mesh, a))
+    cases["transformer_xl[memory]"] = Case(
+        memory, relative(), lambda a, mesh, **z: ring(mesh, a, **z)
+    )
     memory_full = {
         **memory,
         "position_table": f(L + lk - 1, D),
@@ -321,7 +324,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "relative_bias": f(H, L + lk - 1),
     }
     cases["memory[full,value_table,relative_bias]"] = Case(
-        memory_full, relative(), lambda a, mesh: ring(mesh, a)
+        memory_full, relative(), lambda a, mesh, **z: ring(mesh, a, **z)
     )
 
     # DeBERTa: c2p and p2c tables gathered at φ = clip(bucket(-δ) + k, 0, 2k - 1).
@@ -336,7 +339,9 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "query_position_table": f(2 * k_buckets, D)[phi],
     }
     cases["deberta"] = Case(
-        {**qkv, **tables}, deberta(scale=scale), lambda a, mesh: ring(mesh, a, scale=scale)
+        {**qkv, **tables},
+        deberta(scale=scale),
+        lambda a, mesh, **z: ring(mesh, a, **z, scale=scale),
     )
 
     # Shaw et al.: clipped key and value tables (K = 3) expanded to the full layout; causal
@@ -345,7 +350,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
     shaw = {**qkv, "key_table": f(2 * radius + 1, D), "value_table": f(2 * radius + 1, DV)}
     for name, is_causal in (("shaw", False), ("shaw[causal]", True)):
 
-        def shaw_ring(a: dict[str, Any], mesh: Mesh, c: bool = is_causal) -> Any:
+        def shaw_ring(a: dict[str, Any], mesh: Mesh, c: bool = is_causal, **z: Any) -> Any:
             b = {
                 "q": a["q"],
                 "k": a["k"],
@@ -353,7 +358,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
                 "position_table": relattn.relative_table(a["key_table"], L, L),
                 "value_table": relattn.relative_table(a["value_table"], L, L),
             }
-            return ring(mesh, b, causal=c)
+            return ring(mesh, b, causal=c, **z)
 
         cases[name] = Case(
             dict(shaw),
@@ -365,7 +370,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
 
     # vmap over the batch inside shard_map: the ring on (H, L, d) per example.
     cases["vmap_inside_shard_map"] = Case(
-        dict(txl), relative(), lambda a, mesh: ring(mesh, a, vmap=True)
+        dict(txl), relative(), lambda a, mesh, **z: ring(mesh, a, **z, vmap=True)
     )
     # NumPy table and biases closed over by the jitted ring (relattn converts them).
     np_table, np_u, np_pv = f(full, D), f(H, 1, D), f(H, 1, D)
@@ -401,7 +406,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "mask": relattn.padding_mask(np.array([r, 9]), r)[:, None, None, :],
     }
     cases["ragged[full]"] = Case(
-        everything, relative(), lambda a, mesh: ring(mesh, a), ragged=Ragged(r, False)
+        everything, relative(), lambda a, mesh, **z: ring(mesh, a, **z), ragged=Ragged(r, False)
     )
     causal_layout = {
         **ragged,
@@ -412,7 +417,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
         "mask": np.ones((1, r), dtype=bool),
     }
     cases["ragged[causal]"] = Case(
-        causal_layout, relative(), lambda a, mesh: ring(mesh, a), ragged=Ragged(r, True)
+        causal_layout, relative(), lambda a, mesh, **z: ring(mesh, a, **z), ragged=Ragged(r, True)
     )
     disentangled = {
         **ragged,
@@ -423,7 +428,7 @@ def ring_cases(rng: np.random.Generator) -> dict[str, Case]:
     cases["ragged[deberta,causal]"] = Case(
         disentangled,
         deberta(causal=True, scale=scale),
-        lambda a, mesh: ring(mesh, a, causal=True, scale=scale),
+        lambda a, mesh, **z: ring(mesh, a, **z, causal=True, scale=scale),
         ragged=Ragged(r, False),
     )
     return cases
@@ -493,17 +498,37 @@ def _evaluate(
 
 
 def _compare(
-    cases: dict[str, Case], n: int, mesh: Mesh, expected: dict[str, Any]
+    cases: dict[str, Case],
+    n: int,
+    mesh: Mesh,
+    expected: dict[str, Any],
+    gradients: dict[str, tuple[int, ...]] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Every case on the ring of ``mesh``: figures against ``expected`` and collectives."""
+    """Every case on the ring of ``mesh`` (with ``options``, e.g. its sharding): figures
+    against ``expected`` and collectives; the gradients too at the device counts of
+    ``gradients`` (default :data:`GRADIENTS`)."""
     results: dict[str, Any] = {}
+    gradients = GRADIENTS if gradients is None else gradients
     for name, case in cases.items():
-        grads = n in GRADIENTS.get(name, ())
+        grads = n in gradients.get(name, ())
         ref = expected[name]
+        zigzag = options.get("sharding") == "zigzag"
         try:
+            given, cotangent = case, ref["cotangent"]
+            if zigzag:  # inputs and cotangent laid out on the host, outside the program
+                given = _laid_out(case, n)
+                cotangent = relattn.zigzag_shard(cotangent, n, axis=-2)
             out, grad, hlo = _evaluate(
-                case, lambda case, a: case.on_ring(a, mesh), ref["cotangent"], n, grads=grads
-            )
+                given, lambda case, a: case.on_ring(a, mesh, **options), cotangent, n,
+                grads=grads,
+            )  # fmt: skip
+            if zigzag:
+                out = relattn.zigzag_unshard(out, n, axis=-2)
+                grad = grad and {
+                    k: relattn.zigzag_unshard(g, n, axis=-2) if k in "qkv" else g
+                    for k, g in grad.items()
+                }  # fmt: skip
         except Exception as exc:
             results[name] = {"error": f"{error_of(exc)}\n{traceback.format_exc()}"}
             continue
@@ -522,20 +547,28 @@ def _compare(
     return results
 
 
+def _expected(
+    cases: dict[str, Case], rng: np.random.Generator, gradients: dict[str, Any]
+) -> dict[str, Any]:
+    """The single-device reference of each case, on one device: its output, a cotangent,
+    and the gradients where ``gradients`` names the case."""
+    expected: dict[str, Any] = {}
+    for name, case in cases.items():
+        cotangent = rng.normal(size=jax.eval_shape(case.single, case.arrays).shape)
+        out, grad, _ = _evaluate(
+            case, lambda case, a: case.single(a), cotangent, None, grads=name in gradients
+        )
+        expected[name] = {"out": out, "grads": grad, "cotangent": cotangent}
+    return expected
+
+
 def ring_group() -> dict[str, Any]:
     report: dict[str, Any] = {"devices": len(jax.devices()), "x64": bool(jax.config.x64_enabled)}
     rng = np.random.default_rng(12)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     cases = ring_cases(rng)
-    # The single-device reference, on one device.
-    expected: dict[str, Any] = {}
-    for name, case in cases.items():
-        cotangent = rng.normal(size=jax.eval_shape(case.single, case.arrays).shape)
-        out, grad, _ = _evaluate(
-            case, lambda case, a: case.single(a), cotangent, None, grads=name in GRADIENTS
-        )
-        expected[name] = {"out": out, "grads": grad, "cotangent": cotangent}
+    expected = _expected(cases, rng, GRADIENTS)
     timings["single_device"] = time.perf_counter() - t
 
     report["cases"] = {}
@@ -557,6 +590,66 @@ def ring_group() -> dict[str, Any]:
     timings["errors"] = time.perf_counter() - t
     report["timings"] = timings
     return report
+
+
+#: The zig-zag ring's cases (every scheme of :func:`ring_cases` but the padded and vmapped
+#: variants, and packed documents): the device counts each runs at, and those at which its
+#: gradients are checked too. The memory cases' 24 keys make two chunks per device on 2
+#: devices, not on 8.
+ZIGZAG = {
+    "sdpa[causal]": ((2, 8), ()),
+    "alibi": ((2, 8), (2,)),
+    "transformer_xl[causal]": ((2, 8), (2, 8)),
+    "xlnet[full,t5,value_table,masked_rows]": ((2, 8), (8,)),
+    "transformer_xl[memory]": ((2,), (2,)),
+    "memory[full,value_table,relative_bias]": ((2,), ()),
+    "deberta": ((2, 8), (8,)),
+    "shaw[causal]": ((2,), (2,)),
+    "packed[positions,segments]": ((2, 8), (2,)),
+}
+
+
+def zigzag_group() -> dict[str, Any]:
+    """The zig-zag ring (``sharding="zigzag"``) against one device, on 2 and 8 devices."""
+    rng = np.random.default_rng(13)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    every = ring_cases(rng)
+    cases = {name: every[name] for name in ZIGZAG if name in every}
+    cases["packed[positions,segments]"] = _packed_case(rng)
+    gradients = {name: grads for name, (_, grads) in ZIGZAG.items()}
+    expected = _expected(cases, rng, gradients)
+    timings["single_device"] = time.perf_counter() - t
+    report: dict[str, Any] = {"cases": {}}
+    for n in DEVICE_COUNTS:
+        t = time.perf_counter()
+        mesh = Mesh(np.array(jax.devices()[:n]), ("seq",))
+        here = {name: case for name, case in cases.items() if n in ZIGZAG[name][0]}
+        report["cases"][str(n)] = _compare(here, n, mesh, expected, gradients, sharding="zigzag")
+        timings[f"ring_{n}"] = time.perf_counter() - t
+    report["timings"] = timings
+    return report
+
+
+def _packed_case(rng: np.random.Generator) -> Case:
+    """Packed documents: ids and positions restarting in each document (the whole
+    sequence's, sharded like q), a Transformer-XL table and a T5 bias, causal."""
+    f = lambda *shape: _normal(rng, *shape)  # noqa: E731
+    documents = np.repeat(np.arange(3), (5, 7, 4))
+    positions = np.concatenate([np.arange(5), np.arange(7), np.arange(4)])
+    arrays = {
+        "q": f(B, H, L, D), "k": f(B, H, L, D), "v": f(B, H, L, DV),
+        "position_table": f(2 * L - 1, D), "relative_bias": f(H, 2 * L - 1),
+        "positions": positions, "segment_ids": documents,
+    }  # fmt: skip
+
+    def single(a: dict[str, Any]) -> Any:
+        return relattn.relative_attention(
+            a["q"], a["k"], a["v"], a["position_table"], relative_bias=a["relative_bias"],
+            positions=a["positions"], segment_ids=a["segment_ids"], causal=True,
+        )  # fmt: skip
+
+    return Case(arrays, single, lambda a, mesh, **z: ring(mesh, a, causal=True, **z))
 
 
 def _mesh_2d(case: Case, expected: dict[str, Any], *, causal: bool) -> dict[str, Any]:
@@ -842,7 +935,7 @@ def _vmap(
     return results
 
 
-GROUPS = {"ring": ring_group, "sharded": sharded_group}
+GROUPS = {"ring": ring_group, "zigzag": zigzag_group, "sharded": sharded_group}
 
 
 def main(argv: list[str]) -> int:

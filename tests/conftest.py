@@ -307,7 +307,8 @@ def _covered(items: list[pytest.Item]) -> list[pytest.Item]:
 #: alone. ``test_devices`` waits on worker processes of its own, which then run beside the
 #: rest. A stale list costs balance, never coverage.
 LONGEST_FIRST = (
-    "test_devices.py", "test_transforms.py", "test_positions_as_data.py", "test_blockwise.py",
+    "test_devices.py", "test_ulysses.py", "test_torch_ring.py", "test_transforms.py",
+    "test_positions_as_data.py", "test_blockwise.py",
     "test_demo.py", "test_biases.py", "test_errors.py", "test_disentangled.py", "test_shaw.py",
     "test_positions.py", "test_shift.py", "test_classic.py", "test_attention.py", "test_disan.py",
 )  # fmt: skip

@@ -23,6 +23,11 @@ collective counts, error messages) that the tests below assert on.
   full layout, after) so that each column keeps its distance, the padded keys
   masked (``False`` in the key-padding mask), and the padded queries' rows
   dropped from the output.
+- ``zigzag``: the load-balanced ring (``sharding="zigzag"``: device ``r`` holds chunks
+  ``r`` and ``2n - 1 - r`` of the sequence, laid out by ``zigzag_shard``) on 2 and 8
+  devices, every scheme of the ring cases and packed documents (positions restarting in
+  each, segment ids, sharded like q), equal to one device to 1e-10, forward and
+  gradients; its HLO moves the same ``n - 1`` shards as the contiguous ring.
 - ``sharded``: batch or head sharding (``NamedSharding``) through ``jax.jit`` of
   every attention function, dense and blockwise, adds no collective and keeps
   the output sharded like the input; ``shard_map`` and ``vmap`` around relattn.
@@ -33,18 +38,15 @@ this process.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _devices_worker import ZIGZAG
+from _workers import Worker, report
 
 import relattn
 
@@ -52,7 +54,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 WORKER = Path(__file__).with_name("_devices_worker.py")
-GROUPS = ("ring", "sharded")
+GROUPS = ("ring", "zigzag", "sharded")
 #: Seconds a worker may take (they take about two minutes together on a loaded 2-core CPU).
 TIMEOUT = 900
 #: SPEC §5: sequence-parallel attention equals the single-device result to 1e-10 (x64).
@@ -97,6 +99,11 @@ RING_GRADIENTS = {
     "shaw[causal]": ((8,), {"q", "k", "v", "key_table", "value_table"}),
 }
 
+#: The zig-zag cases: the device counts each runs at, and those at which its gradients are
+#: checked.
+ZIGZAG_CASES = ZIGZAG
+ZIGZAG_RUNS = [(n, case) for case, (counts, _) in ZIGZAG_CASES.items() for n in counts]
+
 ATTENTION = (
     "scaled_dot_product_attention",
     "relative_attention_causal",
@@ -112,67 +119,31 @@ AUTOMATIC_BLOCKWISE = "relative_attention_causal[block_size=None, over the memor
 # -------------------------------------------------------------------------------------------
 # The workers
 # -------------------------------------------------------------------------------------------
-@dataclass
-class Worker:
-    """One running worker group: its process, its JSON report and its log."""
-
-    group: str
-    folder: Path
-    plain_xla: bool = False
-
-    def __post_init__(self) -> None:
-        self.report = self.folder / f"{self.group}.json"
-        self.log = self.folder / f"{self.group}.log"
-        env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
-        if self.plain_xla:
-            env["RELATTN_PLAIN_XLA"] = "1"
-        with open(self.log, "w", encoding="utf-8") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, str(WORKER), self.group, str(self.report)],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=WORKER.parent.parent,
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Worker]]:
     """Both worker groups, started together; killed at teardown if still running."""
     if not hasattr(jax, "shard_map"):
         pytest.skip(f"jax {jax.__version__} has no jax.shard_map")
     folder = tmp_path_factory.mktemp("devices")
-    started = {group: Worker(group, folder) for group in GROUPS}
+    env = {"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
+    started = {group: Worker(WORKER, [group], folder, group, env) for group in GROUPS}
     yield started
     for worker in started.values():
         worker.stop()
 
 
 def _report(workers: dict[str, Worker], group: str) -> dict[str, Any]:
-    worker = workers[group]
-    try:
-        worker.process.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        worker.stop()
-        pytest.fail(f"the {group} worker ran past {TIMEOUT} s:\n{worker.log.read_text()[-4000:]}")
-    log = worker.log.read_text()
-    if worker.process.returncode != 0 and "Unknown flag" in log and not worker.plain_xla:
-        # An XLA that lacks the worker's compile-time flags: once more with XLA's defaults.
-        workers[group] = Worker(group, worker.folder, plain_xla=True)
-        return _report(workers, group)
-    if worker.process.returncode != 0:
-        pytest.fail(f"the {group} worker failed:\n{log[-8000:]}")
-    return json.loads(worker.report.read_text())
+    return report(workers, group, TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def ring(workers: dict[str, Worker]) -> dict[str, Any]:
     return _report(workers, "ring")
+
+
+@pytest.fixture(scope="module")
+def zigzag(workers: dict[str, Worker]) -> dict[str, Any]:
+    return _report(workers, "zigzag")
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +250,35 @@ def test_ring_on_a_2d_mesh(ring, case):
     assert result["forward"] <= TOLERANCE
     assert max(result["grads"].values()) <= TOLERANCE * max(1.0, result["grad_scale"])
     assert result["collectives"]["all-gather"] == 0
+
+
+@worker
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+def test_every_zigzag_case_ran(zigzag, n):
+    expected = sorted(case for m, case in ZIGZAG_RUNS if m == n)
+    assert sorted(zigzag["cases"][str(n)]) == expected
+
+
+@worker
+@pytest.mark.parametrize(("n", "case"), ZIGZAG_RUNS)
+def test_zigzag_ring_equals_one_device(zigzag, n, case):
+    """Forward (and, where the case says, every gradient) equal to one device, and the
+    HLO passes the shards round the ring as the contiguous ring does: ``n - 1`` steps of
+    k and v (and the keys' positions and segment ids), their cotangents back."""
+    result = _ok(zigzag["cases"][str(n)][case])
+    assert result["forward"] <= TOLERANCE * max(1.0, result["scale"]), result
+    gradients = n in ZIGZAG_CASES[case][1]
+    assert result["with_gradients"] == gradients
+    if gradients:
+        limit = TOLERANCE * max(1.0, result["grad_scale"])
+        worst = {name: diff for name, diff in result["grads"].items() if not diff <= limit}
+        assert not worst, f"gradients differ from the single device's beyond {limit}: {worst}"
+    found = result["collectives"]
+    assert found["all-gather"] == found["all-to-all"] == 0, found
+    moving = 4 if "positions" in case else 2
+    assert found["collective-permute"] == (n - 1) * (moving + 2 * gradients), found
+    if case == "xlnet[full,t5,value_table,masked_rows]":
+        assert result["masked_row"] == 0
 
 
 #: case -> (error type, message pattern), traced on a ring of 4 over L = 16.

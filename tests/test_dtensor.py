@@ -15,13 +15,11 @@ took minutes: DTensors take the generic path) and without any collective.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from relattn.testing import gloo_world
 
 torch = pytest.importorskip("torch")
 
@@ -34,50 +32,12 @@ PLACEMENTS = ("S(0)", "S(1)", "R")
 FIRST_CALL_SECONDS = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(world: int) -> list[dict]:
     """The worker's JSON report of every rank of a ``world``-process group."""
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with the gloo backend is not available")
-    port = _free_port()
-    processes = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=300))
-    finally:
-        for process in processes[len(outputs) :]:
-            process.kill()
-            process.communicate()  # reaps it and closes its pipes
-    reports = []
-    for rank, (process, (stdout, stderr)) in enumerate(zip(processes, outputs, strict=True)):
-        assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
-        reports.append(json.loads(stdout.strip().splitlines()[-1]))
-    return reports
+    outputs = gloo_world([str(WORKER)], world)
+    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
 
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
@@ -133,17 +93,5 @@ def test_dtensor_stays_dense_beyond_the_budget():
     the budget, and an explicit ``block_size`` is a ``TypeError`` naming it."""
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with the gloo backend is not available")
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "RELATTN_MAX_SCORE_BYTES": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", BUDGET_SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.strip().endswith("ok")
+    (out,) = gloo_world(["-c", BUDGET_SCRIPT], 1, env={"RELATTN_MAX_SCORE_BYTES": "1"})
+    assert out.strip().endswith("ok")

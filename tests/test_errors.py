@@ -1006,6 +1006,18 @@ SIGNATURES: dict[str, Signature] = {
         empty={"batch=0": ({"windows": (0, 4, 3)}, (0, 4, 4, 3))},
         any_dtype=("windows",),
     ),
+    "zigzag_shard": Signature(
+        lambda a: relattn.zigzag_shard(a["x"], 2, axis=-2),
+        {"x": ((2, 8, 3), "f")},
+        empty={"batch=0": ({"x": (0, 8, 3)}, (0, 8, 3))},
+        any_dtype=("x",),
+    ),
+    "zigzag_unshard": Signature(
+        lambda a: relattn.zigzag_unshard(a["x"], 2, axis=-1),
+        {"x": ((3, 8), "f")},
+        empty={"batch=0": ({"x": (0, 8)}, (0, 8))},
+        any_dtype=("x",),
+    ),
     "continuous_position_bias": Signature(
         lambda a: relattn.continuous_position_bias(a["values"], 3, 2),
         {"values": ((2, 15), "f")},
@@ -1364,7 +1376,10 @@ SIGNATURES["attention_block"] = Signature(
 
 #: Public names that take a BlockState (tested below) or run only inside jax.shard_map
 #: (tests/test_devices.py), or are a type.
-OTHER = {"BlockState", "finish_block_state", "merge_block_states", "ring_attention", *SETTINGS}
+OTHER = {
+    "BlockState", "finish_block_state", "merge_block_states", "ring_attention",
+    "ulysses_attention", *SETTINGS,
+}  # fmt: skip
 
 #: Public functions without array arguments: they take ``xp=`` (see CREATION above).
 NO_ARRAYS = {
@@ -1845,11 +1860,12 @@ def test_block_table_is_the_whole_problems(checks_backend):
         )
 
 
-def test_ring_attention_needs_jax(backend):
+@pytest.mark.parametrize("name", ["ring_attention", "ulysses_attention"])
+def test_context_parallel_needs_a_collective(backend, name):
     """Where relattn declares the ring missing (relattn.capabilities), the call says so."""
-    if unsupported("ring_attention", backend.library, "run") is None:
-        pytest.skip(f"{backend.name} runs the ring: see tests/test_devices.py")
-    with pytest.raises(TypeError, match=r"^ring_attention needs JAX arrays inside jax.shard_map"):
-        relattn.ring_attention(
-            _f(backend, 3, 4), _f(backend, 3, 4), _f(backend, 3, 2), axis_name="seq"
+    if unsupported(name, backend.library, "run") is None:
+        pytest.skip(f"{backend.name} runs it: see test_devices.py, test_torch_ring.py")
+    with pytest.raises(TypeError, match=rf"^{name} needs JAX arrays inside jax.shard_map"):
+        getattr(relattn, name)(
+            _f(backend, 2, 3, 4), _f(backend, 2, 3, 4), _f(backend, 2, 3, 2), axis_name="seq"
         )

@@ -132,10 +132,31 @@ FLOATING_CREATION = (
 )  # fmt: skip
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _process_group():
+    """A torch.distributed group of this process alone, for ``ring_attention`` on torch
+    (made here, not in the call: ``torch.compile`` traces the call)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        yield
+        return
+    if not (dist.is_available() and dist.is_gloo_available()):
+        yield
+        return
+    from relattn.testing import single_process_group
+
+    with single_process_group():
+        yield
+
+
 def _ring_call(b: Any, dt: str, q: Any, k: Any, v: Any, table: Any) -> Any:
-    """``ring_attention`` in ``jax.shard_map`` on a one-device mesh (``test_devices.py``
-    runs it on 2, 4 and 8); it runs on JAX only, so the other libraries skip."""
+    """``ring_attention`` on one device: in ``jax.shard_map`` on a one-device mesh, or on
+    torch over a gloo group of this process alone (``test_devices.py`` and
+    ``test_torch_ring.py`` run rings of 2, 4 and 8); the other libraries skip."""
     skip_unless_capable(b, "ring_attention", "run")
+    if b.is_torch:  # in the gloo group of one of _process_group
+        return relattn.ring_attention(q, k, v, table, causal=True, sharding="zigzag")
     import jax
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
@@ -148,6 +169,27 @@ def _ring_call(b: Any, dt: str, q: Any, k: Any, v: Any, table: Any) -> Any:
         out_specs=P(None, "seq"),
     )
     return ring(q, k, v, table)
+
+
+def _ulysses_call(b: Any, dt: str, q: Any, k: Any, v: Any, table: Any) -> Any:
+    """``ulysses_attention`` on one device, as :func:`_ring_call` runs the ring
+    (``test_ulysses.py`` runs it on 2, 4 and 8)."""
+    skip_unless_capable(b, "ulysses_attention", "run")
+    if b.is_torch:  # in the gloo group of one of _process_group
+        return relattn.ulysses_attention(q, k, v, table, causal=True)
+    import jax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("seq",))
+    seq = P(None, None, "seq")
+    ulysses = jax.shard_map(
+        lambda q, k, v, t: relattn.ulysses_attention(q, k, v, t, axis_name="seq", causal=True),
+        mesh=mesh,
+        in_specs=(seq, seq, seq, P()),
+        out_specs=seq,
+    )
+    return ulysses(q, k, v, table)
 
 
 def _block(b: Any, q: Any, k: Any, v: Any, t: Any, *, i0: int, j0: int) -> Any:
@@ -319,6 +361,14 @@ CASES.update(
         "window_merge": Case(
             lambda r: (_normal(r, 8, 6, 3),),
             lambda b, dt, w: relattn.window_merge(w, (2, 3), 4, 6),
+        ),
+        "zigzag_shard": Case(
+            lambda r: (_normal(r, 2, 8, 3),),
+            lambda b, dt, x: relattn.zigzag_shard(x, 2, axis=-2),
+        ),
+        "zigzag_unshard": Case(
+            lambda r: (_normal(r, 3, 12),),
+            lambda b, dt, x: relattn.zigzag_unshard(x, 3, axis=-1),
         ),
         "continuous_position_bias": Case(
             lambda r: (_normal(r, 3, 15),),
@@ -626,6 +676,15 @@ CASES.update(
                 _normal(r, 4, 4),
             ),
             _ring_call,
+        ),
+        "ulysses_attention": Case(
+            lambda r: (
+                _normal(r, 2, 2, 4, 4),
+                _normal(r, 2, 2, 4, 4),
+                _normal(r, 2, 2, 4, 3),
+                _normal(r, 2, 4, 4),
+            ),
+            _ulysses_call,
         ),
     }
 )

@@ -32,7 +32,8 @@ class RingAttention:
 
     ``track_ring_over_single``: the ring's median time over one device's
     blockwise call, same total length (on one machine's cores: the ring's
-    overhead, not a speed-up); ``track_ring_seconds``; ``track_bytes_per_device``:
+    overhead, not a speed-up); ``track_zigzag_over_single``, the same for the zig-zag
+    ring (``sharding="zigzag"``); ``track_ring_seconds``; ``track_bytes_per_device``:
     bytes of the program each ring device runs, and ``track_single_device_bytes``
     the single-device program's (XLA's ``memory_analysis()``: temp + argument +
     output; its ``memory_stats()`` where the devices keep them, which XLA's
@@ -72,6 +73,13 @@ class RingAttention:
         return self.row["ring_over_single"]
 
     track_ring_over_single.unit = "ring/single"
+
+    def track_zigzag_over_single(self, results, length):
+        if "zigzag_over_single" not in self.row:
+            raise NotImplementedError("this relattn has no zig-zag ring")
+        return self.row["zigzag_over_single"]
+
+    track_zigzag_over_single.unit = "zigzag/single"
 
     def track_ring_seconds(self, results, length):
         return self.row["ring_seconds"]

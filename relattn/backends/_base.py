@@ -132,10 +132,19 @@ class Backend:
         ``inputs`` vary over (JAX inside ``shard_map``, whose loop carries and
         branches must agree); identity elsewhere.
     collective : object or None
-        The ring of :func:`relattn.ring_attention`: ``axis_size(axis_name)``,
-        ``axis_index(axis_name)`` and ``rotate(x, axis_name)`` (send to the next
-        device, receive from the previous; JAX's ``lax.ppermute`` inside
-        ``shard_map``); ``None`` where the library has none.
+        The communication of :func:`relattn.ring_attention` and
+        :func:`relattn.ulysses_attention` over ``axis`` (a mesh axis name of the
+        enclosing ``jax.shard_map``; a ``torch.distributed`` process group, ``None``
+        the default): ``axis_size(axis)``, ``axis_index(axis)`` (this device's index),
+        ``rotate(xs, axis) -> receive`` (start sending the tuple ``xs`` to the next
+        device and receiving the previous one's; ``receive()`` waits and gives them:
+        JAX's ``lax.ppermute``, torch's ``batch_isend_irecv``), ``depend(x, others)``
+        (``x``, whose backward reaches ``others`` too, so that every device runs the
+        transpose of every transfer, as its peers do; identity on JAX),
+        ``all_to_all(x, split_axis, concat_axis, axis)`` (JAX's tiled
+        ``lax.all_to_all``) and ``all_gather(x, dim, axis)`` (along ``dim``); rotate
+        and all_to_all differentiable through their transposes. ``None`` where the
+        library has none.
     join : callable
         ``(x, like) -> x`` made to mix with ``like`` in one operation (a plain
         tensor as a replicated ``DTensor`` beside DTensors); identity elsewhere
@@ -184,6 +193,22 @@ class Backend:
         last. Dask's reshapes otherwise leave ragged chunks along the sequence
         (``63, 64, 1, 63, 64, 1, …``) that every later operation inherits.
         Identity where arrays are not chunked.
+    chunk_pairs : callable or None
+        ``(pair, merge, finish, arrays, axes, lead, keep, width, dtype) -> out``:
+        the block fold's driver over a chunked library's chunks (Dask), one task
+        per (query chunk, key chunk) pair, so that the graph grows with the chunk
+        pairs, not the block pairs. ``axes`` names each array's trailing axes
+        (``"q"`` the query axis, ``"k"`` the key axis, ``"-"`` whole; an array
+        with fewer dims takes the last names), its other dims leading, broadcast
+        against ``lead``; the query axis keeps the chunks of the first array that
+        spans it, and every array is rechunked to match. ``pair(lead_start,
+        lead_shape, (i0, i1), (j0, j1), *blocks) -> state`` runs on the chunks'
+        own arrays (``None`` for an absent array), given where they lie;
+        ``merge(states) -> state`` combines a query chunk's states;
+        ``finish(state)`` is its output chunk ``(*lead_shape, i1 - i0, width)``
+        of ``dtype``. Pairs with ``keep((i0, i1), (j0, j1))`` False have no task
+        (a query chunk keeps one at least). ``None``: the fold runs on the
+        library's arrays (:func:`relattn.fold.blockwise`).
     needs_grad : callable
         ``arrays -> bool``: a gradient will be taken through a call of these
         arrays (one requires it and autograd records; ``None`` entries are
@@ -229,6 +254,7 @@ class Backend:
     kernel_name: str = ""
     kernels: tuple[Kernel, ...] = ()
     needs_grad: Callable[[Any], bool] = _never
+    chunk_pairs: Callable[..., Any] | None = None
     step_compiler: Callable[[], Callable[..., Any]] | None = None
     free_memory: Callable[[Any], int | None] = _unknown
     matmul_transposed: Callable[[Any, Any], Any] | None = None

@@ -189,11 +189,33 @@ class _Collective:
 
     @staticmethod
     def rotate(x: Any, axis_name: Any) -> Any:
-        """``x`` of device ``p`` sent to device ``p + 1`` (mod ``n``), every device at once."""
+        """``x`` of device ``p`` sent to device ``p + 1`` (mod ``n``), every device at once;
+        returns the function that gives what arrived (XLA schedules the transfer)."""
         from jax import lax
 
         n = _Collective.axis_size(axis_name)
-        return lax.ppermute(x, axis_name, [(j, (j + 1) % n) for j in range(n)])
+        arrived = lax.ppermute(x, axis_name, [(j, (j + 1) % n) for j in range(n)])
+        return lambda: arrived
+
+    @staticmethod
+    def depend(x: Any, others: Any) -> Any:
+        """``x``: a JAX program's transposed transfers run whatever its branches take."""
+        return x
+
+    @staticmethod
+    def all_to_all(x: Any, split_axis: int, concat_axis: int, axis_name: Any) -> Any:
+        """``x`` split along ``split_axis`` into one part per device, part ``r`` to device
+        ``r``, the parts received concatenated along ``concat_axis`` in device order."""
+        from jax import lax
+
+        return lax.all_to_all(x, axis_name, split_axis % x.ndim, concat_axis % x.ndim, tiled=True)
+
+    @staticmethod
+    def all_gather(x: Any, dim: int, axis_name: Any) -> Any:
+        """Every device's ``x`` concatenated along ``dim`` in device order."""
+        from jax import lax
+
+        return lax.all_gather(x, axis_name, axis=dim % x.ndim, tiled=True)
 
 
 def _fused_attention(q: Any, k: Any, v: Any) -> Any:

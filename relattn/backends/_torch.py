@@ -12,6 +12,7 @@ from typing import Any
 from ._base import Backend
 from ._flex import KERNEL as FLEX
 from ._relative import TRITON
+from ._torch_distributed import COLLECTIVE
 from ._torch_types import is_dtensor, own_code
 
 
@@ -219,4 +220,5 @@ BACKEND = Backend(
     takes_blockwise=lambda x: not is_dtensor(x),
     join=_join,
     cumulative_sum=_cumulative_sum,
+    collective=COLLECTIVE,
 )
