@@ -22,9 +22,7 @@ def zigzag_work() -> None:
     devices = 4
     chunks = 2 * devices
     colors = plt.get_cmap("Set2")
-    _, axes = plt.subplots(
-        1, 3, figsize=(13, 4.6), layout="constrained", width_ratios=[1, 1, 0.9]
-    )
+    _, axes = plt.subplots(1, 3, figsize=(13, 4.6), layout="constrained", width_ratios=[1, 1, 0.9])
     counts = {}
     for ax, sharding in zip(axes[:2], ("contiguous", "zigzag"), strict=True):
         owners = _owners(devices, sharding)
