@@ -660,27 +660,13 @@ def _static_blocks(
     shorter); under a causal mask each query block reads the keys it can see only."""
     xp, backend = p.xp, backend_for(p.xp)
     query_block, key_block = block_size
-    offset = p.lk - p.lq
     outputs = []
     for i0 in range(0, p.lq, query_block):
-        i1 = min(i0 + query_block, p.lq)
-        # Under a causal mask key j is visible to some query of the block only if
-        # j <= i1 - 1 + offset.
-        contiguous_causal = p.causal and not p.has_positions
-        last = max(min(p.lk, i1 + offset), 0) if contiguous_causal else p.lk
-        rows = query_rows(p, i0, i1)
+        rows = query_rows(p, i0, min(i0 + query_block, p.lq))
 
-        def run(*arrays: Any, rows: Problem = rows, i0: int = i0, last: int = last) -> Any:
+        def run(*arrays: Any, rows: Problem = rows, i0: int = i0) -> Any:
             rows = rows.with_arrays(arrays)
-
-            def key_block_at(step: int, source: None) -> tuple[KeyBlock, None]:
-                j0 = step * key_block
-                size = min(key_block, last - j0)
-                return key_slice(rows, rows, j0, j0, size, static_slice), source
-
-            steps = -(-last // key_block)
-            state = fold_keys(rows, rows, i0, steps, key_block_at, None,
-                              compile_step=compile_step)  # fmt: skip
+            state = _query_block_state(rows, rows, i0, 0, p.lk, key_block, compile_step)
             return block_finish(state, p.dtype, xp)
 
         if recompute:
@@ -693,6 +679,34 @@ def _static_blocks(
         # block boundaries (chunks of 100 in blocks of 256 came out 100, 100, 56, 44, …).
         out = backend.rechunk_like(out, p.q)
     return out
+
+
+def _query_block_state(
+    p: Problem,
+    rows: Problem,
+    i0: int,
+    j0: int,
+    j1: int,
+    key_block: int,
+    compile_step: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> BlockState:
+    """The state of the query rows ``rows`` (its first is query ``i0`` of the whole
+    problem) over the keys of ``rows``' arrays (its first is key ``j0``, its last key
+    ``j1 - 1``), a static key block at a time; under a contiguous causal mask only the
+    keys some query of the block may see."""
+    last = j1
+    if p.causal and not p.has_positions:
+        # Key j is visible to some query of the block only if j <= i1 - 1 + Lk - Lq.
+        last = max(min(j1, i0 + rows.q.shape[-2] + p.lk - p.lq), j0)
+    keys = last - j0
+
+    def key_block_at(step: int, source: None) -> tuple[KeyBlock, None]:
+        t = step * key_block
+        size = min(key_block, keys - t)
+        return key_slice(rows, rows, j0 + t, t, size, static_slice), source
+
+    steps = -(-keys // key_block)
+    return fold_keys(p, rows, i0, steps, key_block_at, None, compile_step=compile_step)
 
 
 #: The trailing axes of each array of a :class:`Problem` for ``Backend.chunk_pairs``:
@@ -759,26 +773,10 @@ def _pair_state(
     )
     (i0, i1), (j0, j1) = rows, cols
     query_block, key_block = block_size
-    offset = p.lk - p.lq
-    contiguous_causal = p.causal and not p.has_positions
     states = []
     for s in range(0, i1 - i0, query_block):
-        e = min(s + query_block, i1 - i0)
-        # Under a causal mask key j is visible to some query of the block only if
-        # j <= i0 + e - 1 + offset.
-        last = min(j1, i0 + e + offset) if contiguous_causal else j1
-        keys = max(last - j0, 0)
-        block = query_rows(p, s, e)
-
-        def key_block_at(
-            step: int, source: None, block: Problem = block, keys: int = keys
-        ) -> tuple[KeyBlock, None]:
-            t = step * key_block
-            size = min(key_block, keys - t)
-            return key_slice(block, block, j0 + t, t, size, static_slice), source
-
-        steps = -(-keys // key_block)
-        states.append(fold_keys(p, block, i0 + s, steps, key_block_at, None))
+        block = query_rows(p, s, min(s + query_block, i1 - i0))
+        states.append(_query_block_state(p, block, i0 + s, j0, j1, key_block))
     if len(states) == 1:
         return states[0]
     return BlockState(*(xp.concat(parts, axis=-2) for parts in zip(*states, strict=True)))

@@ -8,7 +8,7 @@ from typing import Any
 from . import _checks, problem
 from ._typing import Array
 from .backends import backend_for
-from .fold import KeyBlock, block_finish, fold_keys, query_rows, rows_of
+from .fold import KeyBlock, block_finish, fold_keys, query_rows, rows_of, static_slice
 from .problem import Problem, check_qkv
 
 __all__ = ["ring_attention", "zigzag_shard", "zigzag_unshard"]
@@ -268,7 +268,8 @@ def _ring(p: Problem, collective: Any, axis: Any, devices: int, chunks: int) -> 
     inputs = (p.q, p.k, p.v)
     p = p.with_arrays(tuple(backend.align(x, inputs, (axis,)) for x in p.arrays()))
     me = collective.axis_index(axis)
-    cut = _cutter(backend)
+    # Slices at a traced start (JAX's device index) or at an int (torch's rank).
+    cut = backend.dynamic_slice or static_slice
     queries = []  # (i0, the chunk's rows, its state) per query chunk
     for c, index in enumerate(chunk_indices(me, devices, chunks)):
         i0 = index * bq
@@ -329,14 +330,6 @@ def _key_blocks(p: Problem, rows: Problem, keys: tuple[Any, ...], j0: Any, sub: 
         return block, source
 
     return key_block
-
-
-def _cutter(backend: Any) -> Any:
-    """``cut(x, start, size, axis)``: ``x[start : start + size]`` along ``axis`` (``None``
-    and broadcast axes stay), for a traced ``start`` (JAX) or an int (torch)."""
-    if backend.dynamic_slice is not None:
-        return backend.dynamic_slice
-    return lambda x, start, size, axis: rows_of(x, start, start + size, axis)
 
 
 def zigzag_shard(x: Array, num_shards: int, *, axis: int) -> Array:

@@ -4,9 +4,10 @@ A process group takes the place of JAX's mesh axis: ``axis_size`` and ``axis_ind
 group's size and this process's rank in it (plain ints: every rank runs the same Python
 program), ``rotate`` passes tensors to the next rank with point-to-point sends
 (``batch_isend_irecv``) that run while the caller computes, and ``all_to_all`` and
-``all_gather`` are the group's collectives. Each is a ``torch.autograd.Function`` whose
-backward runs the transposed communication (the rotation the other way round, the inverse
-all-to-all, a reduce-scatter), so gradients reach the rank that owns each input.
+``all_gather`` are the group's collectives. ``rotate`` and ``all_to_all`` are autograd
+functions (``torch.autograd.Function``) whose backward runs the transposed communication
+(the rotation the other way round, the inverse all-to-all), so gradients reach the rank
+that owns each input; ``all_gather`` serves integer arrays (positions, segment ids) only.
 """
 
 from __future__ import annotations
