@@ -16,6 +16,8 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 # The backend table probes float64 on JAX; JAX reads this when it is first imported.
 os.environ.setdefault("JAX_ENABLE_X64", "1")
+# autodoc imports relattn.keras: Keras's JAX backend (its default, TensorFlow, is absent).
+os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import relattn_docs  # noqa: E402
 

@@ -45,7 +45,16 @@ def device_of(x: Any) -> Any:
     which Dynamo traces, where it may not split a class's module name."""
     if _is_torch_tensor(x) or library(x) in _DEVICE_ATTRIBUTE:
         return x.device
-    return array_api_compat.device(x)
+    device = array_api_compat.device(x)
+    # JAX: the arrays a call makes (distances, index vectors) stay uncommitted, for JAX to
+    # place with the inputs, where the input is uncommitted (made without a device) or
+    # spread over several devices (its "device" is then its sharding). An array made on a
+    # named device would be committed there, and JAX refuses to mix it with the sharded.
+    # (A tracer has neither: it raises on ``committed``, and reports no device.)
+    uncommitted = type(x).__name__ == "ArrayImpl" and not x.committed
+    if uncommitted or len(getattr(device, "device_set", ())) > 1:
+        return None
+    return device
 
 
 def is_array(a: Any) -> bool:

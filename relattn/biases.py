@@ -324,7 +324,9 @@ def _log_thresholds(mid: int, max_position: int, largest: int) -> list[int]:
         a = mid
         while a < largest:
             following = _first_reaching(bucket, bucket(a) + 1, a)
-            out.append(min(following - 1, largest))
+            # Where ln((max_position - 1) / mid) < 1 a step of |r| can skip buckets: the
+            # threshold then counts once per bucket skipped.
+            out += [min(following - 1, largest)] * (bucket(following) - bucket(a))
             a = following
     _LOG_THRESHOLDS[key] = out
     return out

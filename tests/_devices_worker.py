@@ -17,24 +17,15 @@ load-balanced ring, ``sharding="zigzag"``, every scheme and packed documents) an
 
 from __future__ import annotations
 
-import os
 import sys
 
 DEVICES = 8
 if __name__ == "__main__":
-    # Before JAX is imported. Not on import: pytest's --doctest-modules imports this file
-    # into the test session, whose environment it must leave alone.
-    #
-    # XLA's CPU compiles dominate the run time (the ring is unrolled n steps deep, and its
-    # gradient triples it): LLVM's optimisations and the fusion emitters are turned off,
-    # which cuts them by half and half again. RELATTN_PLAIN_XLA=1 leaves them on (an XLA
-    # that does not know these flags aborts: the tests then run the worker again with it).
-    _FLAGS = f"--xla_force_host_platform_device_count={DEVICES}"
-    if not os.environ.get("RELATTN_PLAIN_XLA"):
-        _FLAGS += " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
-    os.environ["JAX_ENABLE_X64"] = "1"
-    os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices
+    # Before JAX is imported (the ring's XLA compiles, unrolled n steps deep and tripled by
+    # its gradient, dominate the run: use_host_devices turns LLVM's optimisations off).
+    from _workers import use_host_devices
+
+    use_host_devices(DEVICES)
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402

@@ -28,15 +28,10 @@ import sys
 
 DEVICES = 8
 if __name__ == "__main__" and sys.argv[1:2] == ["jax"]:
-    # Before JAX is imported. XLA's CPU compiles dominate the run time: LLVM's
-    # optimisations and the fusion emitters are turned off (as in _devices_worker.py);
-    # RELATTN_PLAIN_XLA=1 leaves them on (for an XLA that does not know these flags).
-    _FLAGS = f"--xla_force_host_platform_device_count={DEVICES}"
-    if not os.environ.get("RELATTN_PLAIN_XLA"):
-        _FLAGS += " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
-    os.environ["JAX_ENABLE_X64"] = "1"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    # Before JAX is imported.
+    from _workers import use_host_devices
+
+    use_host_devices(DEVICES)
 
 import json  # noqa: E402
 import time  # noqa: E402

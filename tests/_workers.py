@@ -32,6 +32,24 @@ COLLECTIVES = (
 )
 
 
+def use_host_devices(count: int) -> None:
+    """Set JAX's environment for ``count`` host devices in float64, before JAX is imported.
+
+    A worker calls this under ``if __name__ == "__main__"`` (pytest's --doctest-modules
+    imports the worker files into the test session, whose environment they must leave
+    alone). XLA's CPU compiles dominate the workers' run time: LLVM's optimisations and the
+    fusion emitters are turned off, which halves them and halves them again;
+    ``RELATTN_PLAIN_XLA=1`` leaves XLA's defaults (an XLA that does not know these flags
+    aborts: :func:`report` then runs the worker again with it).
+    """
+    flags = f"--xla_force_host_platform_device_count={count}"
+    if not os.environ.get("RELATTN_PLAIN_XLA"):
+        flags += " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    os.environ["JAX_ENABLE_X64"] = "1"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the forced devices are host devices
+
+
 def collectives(hlo: str) -> dict[str, int]:
     """How many instructions of each collective the HLO text has (sync or async start)."""
     return {name: len(re.findall(rf"\s{name}(?:-start)?\(", hlo)) for name in COLLECTIVES}

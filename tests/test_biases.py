@@ -286,7 +286,18 @@ def test_t5_bucket_with_relative_positions(backend):
             assert got[i, j] == _mesh_tf_bucket(np.array(_delta(i, j, lq, lk)), True, 16, 128)
 
 
-DEBERTA_CONFIGS = [(256, 512), (8, 64), (4, 16), (5, 16), (2, 8), (32, 128), (16, 20)]
+# (8, 8) and (16, 12): ln((max_position - 1) / mid) < 1, where one step of |r| skips a bucket.
+DEBERTA_CONFIGS = [
+    (256, 512),
+    (8, 64),
+    (4, 16),
+    (5, 16),
+    (2, 8),
+    (32, 128),
+    (16, 20),
+    (8, 8),
+    (16, 12),
+]
 
 
 @pytest.mark.parametrize(("bucket_size", "max_position"), DEBERTA_CONFIGS)

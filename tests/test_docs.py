@@ -312,6 +312,8 @@ mask = np.arange(L) < np.array([L, L - 2])[:, None, None, None]
 GUIDE_NOT_RUN = {
     "devices": "a torch.distributed process group over CUDA devices",
     "huggingface": "a transformers model: tests/test_huggingface.py runs the same calls",
+    "huggingface_patch": "transformers models: tests/test_hf_alibi.py and "
+    "tests/test_hf_deberta_sam.py run the same calls",
 }
 
 

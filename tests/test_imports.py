@@ -109,3 +109,22 @@ def test_backends_import_nothing_above_them():
         if name.startswith("relattn.backends"):
             above = {e for e in edges if not e.startswith("relattn.backends")}
             assert above <= {"relattn._namespace"}, (name, above)
+
+
+def test_the_base_install_imports_no_framework():
+    """``import relattn`` (and its framework-neutral layer core, and the transformers adapter
+    module itself) imports none of the model frameworks: each is imported by the module that
+    wraps it, when used."""
+    import subprocess
+    import sys
+
+    check = (
+        "import sys, relattn, relattn.layers, relattn.huggingface\n"
+        "frameworks = {'torch', 'jax', 'flax', 'equinox', 'keras', 'transformers', 'cupy'}\n"
+        "loaded = sorted(frameworks & set(sys.modules))\n"
+        "assert not loaded, f'import relattn imported {loaded}'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

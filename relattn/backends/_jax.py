@@ -299,3 +299,26 @@ BACKEND = Backend(
     free_memory=_free_memory,
     matmul_transposed=_matmul_transposed,
 )
+
+
+def random_parameter(init: str, std: float, shape: tuple[int, ...], key: Any, dtype: Any) -> Any:
+    """A JAX array from one of ``relattn.layers.Parameter``'s initialisers (Flax NNX, Equinox).
+
+    ``"normal"``: ``N(0, std²)``; ``"truncated_normal"``: the same cut at ``±2 std``, drawn
+    within the cut; ``"zeros"``; ``"glorot_uniform"``: ``U(±√(6 / (shape[0] + shape[-1])))``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if init == "zeros":
+        return jnp.zeros(shape, dtype=dtype)
+    if init == "normal":
+        return std * jax.random.normal(key, shape, dtype=dtype)
+    if init == "truncated_normal":
+        return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype=dtype)
+    if init == "glorot_uniform":
+        bound = (6.0 / (shape[0] + shape[-1])) ** 0.5
+        return jax.random.uniform(key, shape, dtype=dtype, minval=-bound, maxval=bound)
+    raise ValueError(
+        f"init: expected one of normal, truncated_normal, zeros, glorot_uniform, got {init!r}"
+    )

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attention import scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
 
-__all__ = ["NAME", "attention_forward", "register"]
+__all__ = ["NAME", "attention_forward", "patch", "register"]
 
 #: The ``attn_implementation`` name :func:`register` uses.
 NAME = "relattn"
@@ -177,3 +177,75 @@ def register(name: str = NAME) -> str:
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
+
+
+#: The modules of this package that patch models outside ``AttentionInterface``: each
+#: defines ``PATCHES``, a dict from a ``transformers`` module class name (an attention
+#: module's, or a model's where the attention modules lack its configuration) to a function
+#: that replaces that module's attention computation in place, or returns False where the
+#: module needs no patch.
+_PATCH_MODULES = ("_alibi", "_deberta", "_sam")
+
+
+def patch(model: Any) -> Any:
+    """Compute with relattn the attention of models ``AttentionInterface`` does not reach.
+
+    BLOOM, MPT, Falcon with ALiBi, DeBERTa-v2 (and v3) and SAM's image encoder
+    compute their position terms inside their own attention modules, so
+    ``attn_implementation="relattn"`` never reaches them. :func:`patch`
+    replaces the ``forward`` of each such module of ``model`` (in place) with
+    one that reads the module's own parameters and configuration and calls
+    relattn: ALiBi as a per-distance ``relative_bias`` over positions as data
+    (BLOOM: the count of real tokens before each token), DeBERTa's
+    disentangled c2p/p2c terms over its log buckets, SAM's decomposed 2-D
+    relative positions.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A ``transformers`` model holding at least one of those attention
+        modules (the bare model or one with a head).
+
+    Returns
+    -------
+    torch.nn.Module
+        ``model`` itself, patched.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` holds no attention module :func:`patch` knows; a model
+        whose attention goes through ``AttentionInterface`` takes
+        :func:`register` instead.
+    ImportError
+        If ``transformers`` (or ``torch``) is not installed.
+
+    See Also
+    --------
+    register : Relattn as an ``attn_implementation`` (LLaMA, T5, Gemma …).
+
+    Examples
+    --------
+    >>> import relattn.huggingface
+    >>> relattn.huggingface.patch(object())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: model: expected a transformers model with BLOOM, MPT, ... got object
+    """
+    import importlib
+
+    patches: dict[str, Any] = {}
+    for name in _PATCH_MODULES:
+        patches.update(importlib.import_module(f"{__name__}.{name}").PATCHES)
+    modules = getattr(model, "modules", None)
+    found = 0
+    for module in modules() if callable(modules) else ():
+        replace = patches.get(type(module).__name__)
+        if replace is not None and replace(module) is not False:
+            found += 1
+    if not found:
+        raise TypeError(
+            "model: expected a transformers model with BLOOM, MPT, Falcon (ALiBi), DeBERTa-v2 "
+            f"or SAM attention modules, got {type(model).__name__}"
+        )
+    return model
