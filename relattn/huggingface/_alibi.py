@@ -45,6 +45,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..biases import alibi_slopes
+from ._checks import dropout_off, no_weights
 
 __all__ = ["PATCHES", "mpt_alibi_slopes", "patch_bloom", "patch_falcon", "patch_mpt"]
 
@@ -102,19 +103,6 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> list[float]:
     if n != num_heads:
         slopes = (slopes[1::2] + slopes[::2])[:num_heads]
     return slopes
-
-
-def _dropout_off(module: Any, p: float, field: str) -> None:
-    if module.training and p > 0:
-        raise ValueError(
-            f"{field} must be 0: relattn has no attention dropout (put the model in eval mode "
-            f"or set {field}=0), got {p}"
-        )
-
-
-def _no_weights(output_attentions: bool) -> None:
-    if output_attentions:
-        raise ValueError("output_attentions must be False: relattn returns no attention weights")
 
 
 def _attend(
@@ -202,8 +190,8 @@ def _bloom_forward(slopes: Any) -> Callable[..., tuple[Any, None]]:
         output_attentions: bool = False,
         **kwargs: Any,
     ) -> tuple[Any, None]:
-        _dropout_off(self, self.attention_dropout.p, "attention_dropout")
-        _no_weights(output_attentions)
+        dropout_off(self, self.attention_dropout.p, "attention_dropout")
+        no_weights(output_attentions)
         query, key, value = self._reshape(self.query_key_value(hidden_states))
         if layer_past is not None:
             key, value = layer_past.update(key, value, self.layer_idx)
@@ -271,7 +259,7 @@ def _mpt_forward(slopes: Any) -> Callable[..., tuple[Any, None]]:
         attention_mask: Any = None,
         **kwargs: Any,
     ) -> tuple[Any, None]:
-        _dropout_off(self, self.attn_dropout_p, "attn_config.attn_pdrop")
+        dropout_off(self, self.attn_dropout_p, "attn_config.attn_pdrop")
         batch, length = hidden_states.shape[:2]
         qkv = self.Wqkv(hidden_states)
         if self.clip_qkv:
@@ -339,8 +327,8 @@ def _falcon_forward(slopes: Any) -> Callable[..., tuple[Any, None]]:
         position_embeddings: Any = None,
         **kwargs: Any,
     ) -> tuple[Any, None]:
-        _dropout_off(self, self.attention_dropout.p, "attention_dropout")
-        _no_weights(output_attentions)
+        dropout_off(self, self.attention_dropout.p, "attention_dropout")
+        no_weights(output_attentions)
         query, key, value = (
             x.transpose(1, 2) for x in self._split_heads(self.query_key_value(hidden_states))
         )

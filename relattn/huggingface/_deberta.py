@@ -41,6 +41,7 @@ from ..biases import log_bucket_position
 from ..disentangled import disentangled_attention
 from ..heads import merge_heads, split_heads
 from ..positions import relative_distances
+from ._checks import dropout_off, no_weights
 
 __all__ = ["PATCHES", "patch_deberta_v2"]
 
@@ -120,13 +121,8 @@ def _forward(
     rel_embeddings: Any = None,
 ) -> tuple[Any, None]:
     """The patched ``DisentangledSelfAttention.forward``: ``(B, L, H·d)`` and no weights."""
-    if output_attentions:
-        raise ValueError("output_attentions must be False: relattn returns no attention weights")
-    if self.training and self.dropout.p > 0:
-        raise ValueError(
-            "attention_probs_dropout_prob must be 0 in training: relattn has no attention "
-            f"dropout (set it to 0 or call model.eval()), got {self.dropout.p}"
-        )
+    no_weights(output_attentions)
+    dropout_off(self, self.dropout.p, "attention_probs_dropout_prob")
     if query_states is None:
         query_states = hidden_states
     heads = self.num_attention_heads

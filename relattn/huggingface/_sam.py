@@ -33,6 +33,7 @@ from typing import Any
 
 from ..attention import scaled_dot_product_attention
 from ..decomposed import decomposed_relative_attention
+from ._checks import dropout_off, no_weights
 
 __all__ = ["PATCHES", "patch_sam_vision"]
 
@@ -93,15 +94,9 @@ def patch_sam_vision(module: Any, *, applies_dropout: bool = True) -> bool:
 def _forward_of(applies_dropout: bool) -> Callable[..., tuple[Any, None]]:
     def forward(self: Any, hidden_states: Any, output_attentions: Any = None) -> tuple[Any, None]:
         """The patched attention: ``(N, h, w, C)`` and no weights."""
-        if output_attentions:
-            raise ValueError(
-                "output_attentions must be False: relattn returns no attention weights"
-            )
-        if applies_dropout and self.training and self.dropout > 0:
-            raise ValueError(
-                "attention_dropout must be 0 in training: relattn has no attention dropout "
-                f"(set it to 0 or call model.eval()), got {self.dropout}"
-            )
+        no_weights(output_attentions)
+        if applies_dropout:
+            dropout_off(self, self.dropout, "attention_dropout")
         batch, height, width, _ = hidden_states.shape
         heads = self.num_attention_heads
         # (N, h·w, 3·C) -> q, k, v of shape (N, H, h·w, d)
