@@ -147,9 +147,7 @@ rotary_dim, rope_scaling, grid, memory_length, block_size, initializer_range : o
             max_relative_position=max_relative_position, position_buckets=position_buckets,
             max_relative_positions=max_relative_positions, rope_base=rope_base,
             rotary_dim=rotary_dim, rope_scaling=rope_scaling, grid=grid,
-            memory_length=memory_length,
-            # Hashable: the config is a static field (part of filter_jit's cache key).
-            block_size=tuple(block_size) if isinstance(block_size, list) else block_size,
+            memory_length=memory_length, block_size=block_size,
             initializer_range=initializer_range,
         )  # fmt: skip
         if key is None:

@@ -30,6 +30,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -198,11 +199,7 @@ memory_length, block_size, initializer_range : optional
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_backend()
-        if isinstance(grid, list):  # from a .keras file's JSON
-            grid = tuple(grid)
-        if isinstance(block_size, list):
-            block_size = tuple(block_size)
+        _check_backend()  # (LayerConfig takes a .keras file's JSON lists as tuples)
         self.config = LayerConfig(
             d_model, num_heads, scheme, head_dim=head_dim, causal=causal, use_bias=use_bias,
             scale=scale, num_buckets=num_buckets, max_distance=max_distance,
@@ -388,29 +385,13 @@ mask_mod : optional
         dict
             ``RelativeAttention(**layer.get_config())`` builds the same layer.
         """
-        c = self.config
-        block_size = list(c.block_size) if isinstance(c.block_size, tuple) else c.block_size
+        # Every LayerConfig field, tuples as JSON lists, rope_scaling as its mapping.
+        fields = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(LayerConfig)}
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
         return {
             **super().get_config(),
-            "d_model": c.d_model,
-            "num_heads": c.num_heads,
-            "scheme": c.scheme,
-            "head_dim": c.head_dim,
-            "causal": c.causal,
-            "use_bias": c.use_bias,
-            "scale": c.scale,
-            "num_buckets": c.num_buckets,
-            "max_distance": c.max_distance,
-            "max_relative_position": c.max_relative_position,
-            "position_buckets": c.position_buckets,
-            "max_relative_positions": c.max_relative_positions,
-            "rope_base": c.rope_base,
-            "rotary_dim": c.rotary_dim,
-            "rope_scaling": c.rope_keywords or None,
-            "grid": None if c.grid is None else list(c.grid),
-            "memory_length": c.memory_length,
-            "block_size": block_size,
-            "initializer_range": c.initializer_range,
+            **fields,
+            "rope_scaling": self.config.rope_keywords or None,
             "param_dtype": self.param_dtype,
             "seed": self.seed,
         }

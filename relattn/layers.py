@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat
@@ -215,7 +215,10 @@ class LayerConfig:
         ``factor``, ``original_max_position`` …), e.g. ``{"scaling":
         "llama3", "factor": 8.0, ...}``. ``"dynamic"`` and ``"longrope"``
         take the number of keys (cache, memory and ``x``) as the sequence
-        length, not the largest position of ``positions=``.
+        length, not the largest position of ``positions=``. Kept as a
+        sorted tuple of ``(keyword, value)`` pairs (the config is hashable:
+        a static argument of ``jit``), which ``LayerConfig`` also takes;
+        :attr:`rope_keywords` gives the mapping.
     grid : (int, int), optional
         ``swin``, ``decomposed``: the window (or image) in patches; the
         sequence is its ``h·w`` patches, row-major.
@@ -270,7 +273,6 @@ class LayerConfig:
     memory_length: int = 0
     block_size: Any = None
     initializer_range: float = 0.02
-    _rope: tuple[tuple[str, Any], ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -322,18 +324,23 @@ class LayerConfig:
                 _check_int("grid", n, 1)
             object.__setattr__(self, "grid", tuple(grid))
         if self.rope_scaling is not None:
-            if not isinstance(self.rope_scaling, Mapping):
+            scaling = self.rope_scaling
+            if isinstance(scaling, tuple):  # the pairs a config keeps (dataclasses.replace)
+                try:
+                    scaling = dict(scaling)
+                except (TypeError, ValueError):
+                    scaling = None
+            if not isinstance(scaling, Mapping):
                 raise TypeError(
                     "rope_scaling: expected a mapping of rope_frequencies keywords, got "
                     f"{type(self.rope_scaling).__name__}"
                 )
-            # Hashable (a frozen config is a static argument of jit).
             items = tuple(
-                (k, tuple(v) if isinstance(v, list) else v)
-                for k, v in sorted(self.rope_scaling.items())
+                (k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(scaling.items())
             )
-            object.__setattr__(self, "_rope", items)
-            object.__setattr__(self, "rope_scaling", None)
+            object.__setattr__(self, "rope_scaling", items or None)
+        if isinstance(self.block_size, list):  # hashable, as the rest
+            object.__setattr__(self, "block_size", tuple(self.block_size))
         if self.scheme == "rope" and self.rotary_dim is not None:
             _check_int("rotary_dim", self.rotary_dim, 0)
             if self.rotary_dim > self.dim or self.rotary_dim % 2:
@@ -369,7 +376,7 @@ class LayerConfig:
     @property
     def rope_keywords(self) -> dict[str, Any]:
         """The ``rope_scaling`` keywords, as given."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self._rope}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.rope_scaling or ()}
 
     def parameters(self) -> tuple[Parameter, ...]:
         """Every parameter of the layer, with the reference model's initialiser.
@@ -470,16 +477,9 @@ def init_parameters(config: LayerConfig, rng: Any, dtype: Any = "float64") -> di
     return {p.name: p.sample(rng, dtype) for p in config.parameters()}
 
 
-def _project(xp: Any, x: Array, params: Mapping[str, Array], name: str, biased: bool) -> Array:
+def _project(x: Array, params: Mapping[str, Array], name: str, biased: bool) -> Array:
     y = x @ params[f"w_{name}"]
     return y + params[f"b_{name}"] if biased else y
-
-
-def _query_positions(xp: Any, positions: Any, cached: int, length: int, like: Array) -> Any:
-    """The queries' positions for RoPE: the given ones, or ``cached + 0 … L-1``."""
-    if positions is None:
-        return xp.arange(cached, cached + length, device=device_of(like))
-    return positions[0] if isinstance(positions, tuple | list) else positions
 
 
 def layer_attention(
@@ -574,35 +574,38 @@ def layer_attention(
         )
     scheme, heads, causal = config.scheme, config.num_heads, config.causal
     xp = array_api_compat.array_namespace(x, *params.values())
-    grid_scheme = scheme in _GRID_SCHEMES
-    if grid_scheme:
+    if scheme in _GRID_SCHEMES:
         for name, value in (("memory", memory), ("cache", cache), ("positions", positions),
                             ("segment_ids", segment_ids)):  # fmt: skip
             if value is not None:
                 raise ValueError(f"{name}: scheme {scheme!r} attends within one grid; got one")
     context = x if memory is None else xp.concat((memory, x), axis=-2)
     biased = config.biased
-    q = split_heads(_project(xp, x, params, "q", biased), heads)
-    k = split_heads(_project(xp, context, params, "k", biased), heads)
-    v = split_heads(_project(xp, context, params, "v", biased), heads)
+    q = split_heads(_project(x, params, "q", biased), heads)
+    k = split_heads(_project(context, params, "k", biased), heads)
+    v = split_heads(_project(context, params, "v", biased), heads)
     cached = 0 if cache is None else int(cache[0].shape[-2])
+    device = device_of(x)
     if scheme == "rope":
-        q_pos = _query_positions(xp, positions, cached + context.shape[-2] - x.shape[-2],
-                                 x.shape[-2], x)  # fmt: skip
+        # Queries and this call's keys: the given positions, or after the earlier tokens
+        # (the cache's, then the memory's).
+        earlier = cached + context.shape[-2] - x.shape[-2]
         if isinstance(positions, tuple | list):
-            k_pos = positions[1][..., cached:]
-        elif positions is not None and memory is None:
-            k_pos = positions
+            q_pos, k_pos = positions[0], positions[1][..., cached:]
         else:
-            k_pos = xp.arange(cached, cached + context.shape[-2], device=device_of(x))
+            q_pos = positions
+            if positions is None:
+                q_pos = xp.arange(earlier, earlier + x.shape[-2], device=device)
+            k_pos = positions
+            if positions is None or memory is not None:
+                k_pos = xp.arange(cached, cached + context.shape[-2], device=device)
         rotary_dim = config.dim if config.rotary_dim is None else config.rotary_dim
         keywords = config.rope_keywords
         if keywords.get("scaling") in ("dynamic", "longrope"):
             keywords.setdefault("sequence_length", cached + context.shape[-2])
         frequencies, factor = rope_frequencies(
-            rotary_dim, base=config.rope_base, **keywords, xp=xp, dtype=q.dtype,
-            device=device_of(x),
-        )  # fmt: skip
+            rotary_dim, base=config.rope_base, **keywords, xp=xp, dtype=q.dtype, device=device
+        )
         q, k = (
             rotary_position_embedding(
                 t, p, layout="concatenated", rotary_dim=rotary_dim, frequencies=frequencies
@@ -624,7 +627,6 @@ def layer_attention(
         mask=mask, bias=bias, causal=causal, scale=config.scale, block_size=config.block_size,
         positions=positions, segment_ids=segment_ids, score_mod=score_mod, mask_mod=mask_mod,
     )  # fmt: skip
-    device = device_of(x)
     if scheme in ("t5", "alibi", "transformer_xl"):
         delta = relative_distances(lq, lk, causal=causal, xp=xp, device=device)
     if scheme == "transformer_xl":
@@ -678,7 +680,7 @@ def layer_attention(
             q, k, v, params["rel_pos_h"], params["rel_pos_w"], query_grid=(gh, gw),
             scale=config.scale, block_size=config.block_size,
         )  # fmt: skip
-    result = _project(xp, merge_heads(out), params, "o", biased)
+    result = _project(merge_heads(out), params, "o", biased)
     return (result, (k, v)) if return_cache else result
 
 
@@ -705,7 +707,7 @@ def _deberta(
     """DeBERTa's c2p and p2c terms: the shared table projected by ``w_k`` and ``w_q``."""
     buckets = config.position_buckets
     span = buckets or config.max_relative_positions
-    # DeBERTa counts query minus key, -δ, in its log buckets.
+    # DeBERTa indexes its table by k + bucket(i - j) = k - bucket(δ): the buckets are odd.
     delta = relative_distances(lq, lk, causal=config.causal, xp=xp, device=device)
     if buckets:
         delta = log_bucket_position(
@@ -713,8 +715,8 @@ def _deberta(
         )
     index = xp.clip(span - delta, 0, 2 * span - 1)
     rows = params["rel_embeddings"]
-    key_table = xp.take(_project(xp, rows, params, "k", config.biased), index, axis=0)
-    query_table = xp.take(_project(xp, rows, params, "q", config.biased), index, axis=0)
+    key_table = xp.take(_project(rows, params, "k", config.biased), index, axis=0)
+    query_table = xp.take(_project(rows, params, "q", config.biased), index, axis=0)
     heads = config.num_heads
     return disentangled_attention(
         q, k, v, split_heads(key_table, heads), split_heads(query_table, heads), **common

@@ -925,3 +925,18 @@ def test_layer_attention_errors_name_the_argument():
     config, params, x = make("rope")
     with pytest.raises(ValueError, match=r"^x: expected shape"):
         layer_attention(config, params, x[0, 0])
+
+
+def test_config_keeps_rope_scaling_and_block_size_hashable():
+    """``rope_scaling`` is kept as sorted pairs and ``block_size`` as a tuple: the config
+    hashes (a static argument of jit), and ``dataclasses.replace`` keeps the scaling."""
+    import dataclasses
+
+    scaling = {"scaling": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 3.0]}
+    config = LayerConfig(d_model=8, num_heads=2, rope_scaling=scaling, block_size=[2, 4])
+    assert config.rope_keywords == scaling
+    assert config.block_size == (2, 4)
+    assert hash(config) == hash(LayerConfig(d_model=8, num_heads=2, rope_scaling=scaling,
+                                            block_size=(2, 4)))  # fmt: skip
+    replaced = dataclasses.replace(config, causal=True)
+    assert replaced.rope_keywords == scaling and replaced.causal

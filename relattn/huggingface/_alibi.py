@@ -45,6 +45,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..biases import alibi_slopes
+from ..positions import relative_distances
 from ._checks import dropout_off, no_weights
 
 __all__ = ["PATCHES", "mpt_alibi_slopes", "patch_bloom", "patch_falcon", "patch_mpt"]
@@ -123,7 +124,8 @@ def _attend(
     """
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[-2]
-    distances = torch.arange(1 - k_len, 1, device=query.device, dtype=query.dtype)
+    # The causal layout: one column per distance δ = 1 - Lk … 0.
+    distances = relative_distances(q_len, k_len, causal=True, xp=torch, device=query.device)
     relative_bias = slopes.to(device=query.device, dtype=query.dtype)[:, None] * distances
     if allowed is None:
         out = scaled_dot_product_attention(
